@@ -1,0 +1,76 @@
+"""Engine configuration: frozen dataclasses and the only place environment variables are read."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import UserError
+
+POLICIES = ("adaptive", "fetch", "cpu")  # plus "static:N"
+
+
+def cache_dir() -> Path:
+    """User cache directory: converted models, machine profiles, built extensions."""
+    root = os.environ.get("FREETOKEN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "freetoken")
+    return Path(root)
+
+
+def hf_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
+          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(text: str | int | None) -> int | None:
+    """'8GiB', '512MiB', '1.5g', 1234 -> bytes; 'auto' or None -> None."""
+    if text is None or isinstance(text, int):
+        return text
+    if text.strip().lower() == "auto":
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UserError(f"cannot read size {text!r}; use a number with a unit like 8GiB or 512MiB, or 'auto'")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_policy(text: str) -> str:
+    if text in POLICIES or re.fullmatch(r"static:\d+", text):
+        return text
+    raise UserError(f"unknown --moe-policy {text!r}; choose adaptive, fetch, cpu or static:N")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to load and run one model."""
+    model: str                          # FTW dir, HF dir, or hub id
+    device: str = "auto"                # auto | cuda | cpu
+    expert_budget: int | None = None    # bytes for the expert cache; None = auto
+    moe_policy: str = "fetch"
+    cpu_threads: int | None = None      # CPU expert executor threads; None = physical cores
+    max_context: int = 32768            # tokens per sequence (capped by the model)
+    max_running: int = 1                # sequences decoded together
+    prefill_chunk: int = 2048           # tokens per prefill forward
+    page_size: int = 16                 # tokens per KV page
+    kv_tokens: int | None = None        # KV pool size in tokens; None = max_context * max_running
+    verify: bool = False                # verify FTW checksums at load
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0            # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 = off
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.max_tokens < 0 or self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise UserError("sampling options out of range: need max_tokens >= 0, temperature >= 0, "
+                            "0 < top_p <= 1, top_k >= 0")

@@ -1,0 +1,37 @@
+"""The flat description of one forward step: sequences' new tokens back to back."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor     # [T] int64
+    positions: torch.Tensor     # [T] int64
+    q_lens: list[int]           # new tokens per sequence
+    ctx_lens: list[int]         # tokens per sequence after this step
+    page_table: torch.Tensor    # [B, max_pages] int32
+    slots: torch.Tensor         # [T] int64 KV slot of each new token
+    logit_rows: torch.Tensor    # rows of [T] whose logits are wanted
+
+    @staticmethod
+    def build(seqs: list[tuple[list[int], int, list[int]]], page_size: int,
+              device: torch.device, all_logits: bool = False) -> "ForwardBatch":
+        """seqs: (new token ids, tokens already in KV, page ids) per sequence."""
+        ids, pos, slots, rows, q_lens, ctx_lens = [], [], [], [], [], []
+        for new, start, pages in seqs:
+            n = len(new)
+            ids += new
+            pos += range(start, start + n)
+            slots += [pages[p // page_size] * page_size + p % page_size for p in range(start, start + n)]
+            rows += range(len(ids) - n, len(ids)) if all_logits else [len(ids) - 1]
+            q_lens.append(n)
+            ctx_lens.append(start + n)
+        width = max(len(p) for _, _, p in seqs)
+        table = [p + [0] * (width - len(p)) for _, _, p in seqs]
+
+        def t(x, dt=torch.int64):
+            return torch.tensor(x, dtype=dt, device=device)
+        return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(table, torch.int32), t(slots), t(rows))

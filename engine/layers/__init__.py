@@ -1,0 +1,1 @@
+"""Shared transformer building blocks: norms, rotary embeddings, attention, dense MLP."""

@@ -1,0 +1,55 @@
+"""GQA attention over the paged KV cache, with the q/k norm and bias variants MoE models use."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.kv.batch import ForwardBatch
+from engine.layers.norm import rms_norm
+from engine.models.base import ModelConfig
+from kernels import ref
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.layer, self.hq, self.hkv, self.d = layer, hq, hkv, d
+        self.q_proj = nn.Linear(cfg.hidden_size, hq * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(hq * d, cfg.hidden_size, bias=cfg.o_bias)
+        self.qk_norm, self.clip, self.window = cfg.qk_norm, cfg.clip_qkv, cfg.sliding_window
+        if cfg.qk_norm != "none":
+            full = cfg.qk_norm == "full"
+            self.q_norm = RMSNorm(hq * d if full else d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hkv * d if full else d, cfg.rms_norm_eps)
+
+    def _qkv(self, x: torch.Tensor):
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip is not None:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
+        q, k, v = q.view(-1, self.hq, self.d), k.view(-1, self.hkv, self.d), v.view(-1, self.hkv, self.d)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, rope, cos, sin) -> torch.Tensor:
+        q, k, v = self._qkv(x)
+        q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
+        kv.write(self.layer, k, v, batch.slots)
+        o = ref.paged_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
+                                batch.q_lens, batch.ctx_lens, self.d ** -0.5, self.window)
+        return self.o_proj(o.reshape(x.shape[0], -1))

@@ -1,0 +1,120 @@
+"""The LLM facade: load a model, then generate token ids or stream text; owns the step loop and
+the statistics a user sees after each answer."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Iterator
+
+from engine.config import EngineConfig, SamplingParams
+from engine.errors import UserError
+from engine.loader import load_engine
+from engine.moe.cache import CacheStats
+from engine.resolve import ensure_ftw
+from engine.scheduler import Scheduler, Sequence
+from engine.tokenizer import Tokenizer
+
+
+@dataclass
+class GenStats:
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    expert_hits: int = 0
+    expert_misses: int = 0
+    fetched: int = 0
+    cpu: int = 0
+    bytes_filled: int = 0
+    bytes_cpu: int = 0
+    cache_occupancy: float = 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return (self.output_tokens - 1) / self.decode_s if self.decode_s and self.output_tokens > 1 else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.expert_hits / max(1, self.expert_hits + self.expert_misses)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
+                "hit_rate": self.hit_rate}
+
+
+class LLM:
+    def __init__(self, config: EngineConfig, progress: Callable[[str, int, int], None] | None = None):
+        path = ensure_ftw(config.model, progress=(lambda d, t: progress("convert", d, t)) if progress else None)
+        self.engine = load_engine(config, path, progress)
+        self.tokenizer = Tokenizer(path)
+        e = self.engine
+        self.scheduler = Scheduler(e.model, e.kv, self.tokenizer.eos_ids, config.max_running,
+                                   config.prefill_chunk, e.max_context)
+        self.stats = GenStats()
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        return self.engine.runtime.cache.stats
+
+    def check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise UserError("the prompt is empty; give some text")
+        if len(ids) >= self.engine.max_context:
+            raise UserError(f"the prompt has {len(ids)} tokens but the context holds {self.engine.max_context}; "
+                            "shorten it or raise --max-context")
+
+    def generate(self, prompt: list[int], params: SamplingParams) -> Iterator[int]:
+        """Yield generated token ids (eos included when it ends the answer)."""
+        self.check_prompt(prompt)
+        seq = Sequence(list(prompt), params)
+        before, t0 = replace(self.cache_stats), time.perf_counter()
+        self.stats = GenStats(prompt_tokens=len(prompt))
+        if params.max_tokens == 0:
+            return
+        self.scheduler.add(seq)
+        try:
+            while not seq.finish:
+                for s, tok in self.scheduler.step():
+                    if s is seq:
+                        self._tick(t0)
+                        yield tok
+        finally:
+            if not seq.finish:
+                self.scheduler.abort(seq)
+            self._cache_delta(before)
+
+    def _tick(self, t0: float) -> None:
+        st, now = self.stats, time.perf_counter() - t0
+        st.output_tokens += 1
+        if st.output_tokens == 1:
+            st.prefill_s = now
+        else:
+            st.decode_s = now - st.prefill_s
+
+    def _cache_delta(self, before: CacheStats) -> None:
+        c, st = self.cache_stats, self.stats
+        st.expert_hits, st.expert_misses = c.hits - before.hits, c.misses - before.misses
+        st.fetched, st.cpu = c.fetched - before.fetched, c.cpu - before.cpu
+        st.bytes_filled, st.bytes_cpu = c.bytes_filled - before.bytes_filled, c.bytes_cpu - before.bytes_cpu
+        st.cache_occupancy = self.engine.runtime.cache.occupancy
+
+    def stream(self, prompt: list[int], params: SamplingParams) -> Iterator[str]:
+        """Yield text deltas; stops at eos, max_tokens or a stop string (not included)."""
+        dec = self.tokenizer.decoder()
+        hold = max((len(s) for s in params.stop), default=1) - 1
+        text, sent = "", 0
+        for tok in self.generate(prompt, params):
+            text += dec.add(tok)
+            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                yield text[sent:cut]
+                return
+            if len(text) - hold > sent:
+                yield text[sent:len(text) - hold]
+                sent = len(text) - hold
+        if text[sent:]:
+            yield text[sent:]

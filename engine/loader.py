@@ -1,0 +1,101 @@
+"""Build a ready engine from an FTW directory: dense weights on the device, every routed expert
+in the host store, one expert cache sized from the budget, the paged KV pool."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import UserError
+from engine.kv.paged import KVPool
+from engine.layers.rope import Rope
+from engine.models import model_config
+from engine.models.base import DTYPES, ModelConfig
+from engine.models.transformer import CausalLM
+from engine.moe.cache import ExpertCache, slots_for_budget
+from engine.moe.layout import SlotLayout
+from engine.moe.policy import MissPolicy
+from engine.moe.runtime import ExpertRuntime
+from engine.moe.store import HostExpertStore
+
+GiB = 2**30
+
+
+@dataclass
+class Engine:
+    cfg: ModelConfig
+    model: CausalLM
+    kv: KVPool
+    runtime: ExpertRuntime
+    device: torch.device
+    path: Path
+    max_context: int
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA device is available; use --device cpu")
+    if name not in ("cuda", "cpu"):
+        raise UserError(f"unknown --device {name!r}; choose cuda, cpu or auto")
+    return torch.device(name)
+
+
+def load_dense(reader, cfg: ModelConfig, device: torch.device) -> CausalLM:
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    names = [n for n in model.state_dict() if not (cfg.tie_word_embeddings and n == "lm_head.weight")]
+    sd = {n: reader.read(n) for n in names}
+    if cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    model.load_state_dict(sd, assign=True, strict=True)
+    model.to(device).requires_grad_(False)
+    model.rope = Rope(cfg.rope, cfg.head_dim, device)
+    return model
+
+
+def expert_slots(config: EngineConfig, layout: SlotLayout, store_bytes: int, n_experts: int,
+                 device: torch.device, reserve: int) -> int:
+    """Slots from --expert-budget; auto = free device memory after dense weights, KV and a reserve
+    (on the CPU, auto caches every expert). Never more slots than experts."""
+    budget = config.expert_budget
+    if budget is None:
+        budget = store_bytes if device.type == "cpu" else torch.cuda.mem_get_info(device)[0] - reserve
+    total = store_bytes // layout.slot_bytes
+    return min(slots_for_budget(budget, layout, n_experts), total)
+
+
+def load_engine(config: EngineConfig, path: Path, progress: Callable[[str, int, int], None] | None = None) -> Engine:
+    from ftw import FTWReader
+    reader = FTWReader(path)
+    if config.verify:
+        reader.verify()
+    cfg = model_config(json.loads(reader.file("config.json").read_text()))
+    device = pick_device(config.device)
+    model = load_dense(reader, cfg, device)
+    layout = SlotLayout.from_meta(reader.meta["layout"])
+    total = len(cfg.moe_layer_ids) * cfg.num_experts * layout.slot_bytes
+    done = [0]
+
+    def tick(n):
+        done[0] += n
+        if progress:
+            progress("experts", done[0], total)
+    store = HostExpertStore.load(reader, cfg.moe_layer_ids, layout, device.type == "cuda", tick)
+    max_context = min(config.max_context, cfg.max_position_embeddings)
+    kv_tokens = config.kv_tokens or max_context * config.max_running
+    kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
+                cfg.num_kv_heads, cfg.head_dim, DTYPES[reader.meta["dtype"]], device)
+    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, device, reserve=GiB + kv.bytes // 8)
+    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, device)
+    runtime = ExpertRuntime(store, cache, MissPolicy(config.moe_policy), config.cpu_threads)
+    if slots * layout.slot_bytes >= store.nbytes:
+        runtime.warm_all()
+    for block in model.moe_blocks():
+        block.runtime = runtime
+    return Engine(cfg, model, kv, runtime, device, path, max_context)

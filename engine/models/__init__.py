@@ -1,0 +1,44 @@
+"""Architecture registry: one module per HF `model_type`, each exposing `config(hf) -> ModelConfig`
+and `RENAMES` (regex renames from checkpoint names to the canonical names the engine uses)."""
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+
+from engine.errors import UserError
+from engine.models.base import ModelConfig
+
+ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+
+
+def arch_module(model_type: str | None) -> ModuleType:
+    if model_type not in ARCHS:
+        raise UserError(f"model_type {model_type!r} is not supported; supported: {', '.join(ARCHS)}")
+    return importlib.import_module(f"engine.models.{model_type}")
+
+
+def read_hf_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    try:
+        hf = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{model_dir} has no config.json; point at a HuggingFace model directory") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is not valid JSON ({e}); re-download the model") from None
+    return hf
+
+
+def model_config(hf: dict) -> ModelConfig:
+    if hf.get("quantization_config"):
+        method = hf["quantization_config"].get("quant_method", "?")
+        raise UserError(f"quantized checkpoints ({method}) are not supported yet; use the bf16 release")
+    return arch_module(hf.get("model_type")).config(hf)
+
+
+def canonical_name(model_type: str, name: str) -> str:
+    for pattern, repl in arch_module(model_type).RENAMES:
+        name = re.sub(pattern, repl, name)
+    return name

@@ -1,0 +1,116 @@
+"""The normalised model description every architecture file produces from a HF config.json.
+
+An architecture file states only its differences: config fields, weight renames (data), router
+settings and quirks. Everything here reads both spellings that HF configs use in the wild
+(`rope_theta`/`rope_scaling` vs `rope_parameters`, `torch_dtype` vs `dtype`,
+`num_experts` vs `num_local_experts`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.errors import UserError
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+          "fp16": torch.float16, "half": torch.float16, "float32": torch.float32,
+          "fp32": torch.float32, "float": torch.float32}
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    top_k: int
+    scoring: str = "softmax"            # softmax | sigmoid
+    norm_topk_prob: bool = False        # renormalise the top-k weights to sum to 1
+    scaling: float = 1.0                # routed_scaling_factor
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: dict                          # rope_parameters incl. rope_type and rope_theta
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    num_experts: int
+    moe_intermediate_size: int
+    router: RouterSpec
+    moe_layers: tuple[bool, ...]        # per layer: MoE block (True) or dense MLP
+    intermediate_size: int = 0          # dense MLP width
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: str = "none"               # none | head (per head_dim) | full (over all heads)
+    clip_qkv: float | None = None
+    sliding_window: int | None = None
+    shared_expert_size: int = 0         # 0 = no shared expert
+    shared_expert_gate: bool = False    # sigmoid gate on the shared expert
+    dtype: str = "bfloat16"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def moe_layer_ids(self) -> list[int]:
+        return [i for i, m in enumerate(self.moe_layers) if m]
+
+
+def rope_params(hf: dict) -> dict:
+    """Both spellings -> one dict with rope_type and rope_theta (transformers 5 layout)."""
+    rp = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    rp.setdefault("rope_type", rp.pop("type", "default"))
+    rp.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+    if "partial_rotary_factor" in hf:
+        rp.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+    if rp["rope_type"] in ("yarn", "llama3", "longrope"):
+        rp.setdefault("original_max_position_embeddings",
+                      hf.get("original_max_position_embeddings", hf.get("max_position_embeddings")))
+    return rp
+
+
+def source_dtype(hf: dict) -> str:
+    name = str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16").replace("torch.", "")
+    return name if name in DTYPES else "bfloat16"
+
+
+def moe_layer_flags(hf: dict, n_layers: int) -> tuple[bool, ...]:
+    """Qwen-style `mlp_only_layers` / `decoder_sparse_step`, DeepSeek-style `first_k_dense_replace`."""
+    only = set(hf.get("mlp_only_layers") or [])
+    step = hf.get("decoder_sparse_step") or 1
+    first_dense = hf.get("first_k_dense_replace") or 0
+    return tuple(i not in only and (i + 1) % step == 0 and i >= first_dense for i in range(n_layers))
+
+
+def need(hf: dict, *keys: str):
+    for k in keys:
+        if hf.get(k) is not None:
+            return hf[k]
+    raise UserError(f"config.json of this {hf.get('model_type')} model lacks {' / '.join(keys)}; "
+                    "the checkpoint looks incomplete")
+
+
+def common(hf: dict, **overrides) -> ModelConfig:
+    """Fields shared by every decoder-only MoE config; an arch passes only what differs."""
+    n_layers = need(hf, "num_hidden_layers")
+    heads = need(hf, "num_attention_heads")
+    fields = dict(
+        model_type=hf["model_type"], vocab_size=need(hf, "vocab_size"),
+        hidden_size=need(hf, "hidden_size"), num_layers=n_layers, num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope=rope_params(hf),
+        max_position_embeddings=hf.get("max_position_embeddings", 32768),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        num_experts=need(hf, "num_experts", "num_local_experts", "n_routed_experts"),
+        moe_intermediate_size=hf.get("moe_intermediate_size") or need(hf, "intermediate_size"),
+        intermediate_size=hf.get("intermediate_size") or 0,
+        router=RouterSpec(top_k=need(hf, "num_experts_per_tok"),
+                          norm_topk_prob=bool(hf.get("norm_topk_prob", False))),
+        moe_layers=moe_layer_flags(hf, n_layers), dtype=source_dtype(hf),
+        sliding_window=(hf.get("sliding_window") or None) if hf.get("use_sliding_window", True) else None,
+    )
+    fields.update(overrides)
+    return ModelConfig(**fields)

@@ -1,0 +1,60 @@
+"""The decoder-only MoE transformer all supported architectures share. Module names follow the
+canonical HF names (after an arch's renames), so checkpoint tensors map onto it by name."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.kv.batch import ForwardBatch
+from engine.layers.attention import Attention, RMSNorm
+from engine.layers.mlp import DenseMLP
+from engine.layers.rope import Rope
+from engine.models.base import ModelConfig
+from engine.moe.block import MoEBlock
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, moe_index: int | None):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer)
+        self.mlp = MoEBlock(cfg, moe_index) if moe_index is not None else \
+            DenseMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, batch, kv, rope, cos, sin, prefill: bool):
+        h = h + self.self_attn(self.input_layernorm(h), batch, kv, rope, cos, sin)
+        x = self.post_attention_layernorm(h)
+        return h + (self.mlp(x, prefill) if isinstance(self.mlp, MoEBlock) else self.mlp(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        moe_ids = {layer: i for i, layer in enumerate(cfg.moe_layer_ids)}
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, moe_ids.get(i)) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope: Rope | None = None  # built on the device by the loader
+
+    def moe_blocks(self) -> list[MoEBlock]:
+        return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoEBlock)]
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv) -> torch.Tensor:
+        """-> float32 logits [len(batch.logit_rows), V]."""
+        h = self.model.embed_tokens(batch.input_ids)
+        cos, sin = self.rope.cos_sin(batch.positions, h.dtype)
+        prefill = max(batch.q_lens) > 1
+        for layer in self.model.layers:
+            h = layer(h, batch, kv, self.rope, cos, sin, prefill)
+        h = self.model.norm(h[batch.logit_rows])
+        return self.lm_head(h).float()

@@ -1,0 +1,58 @@
+"""The device expert cache: ONE pool of slots shared by all MoE layers. A slot holds every
+tensor of one (layer, expert) pair; residency is tracked on flat ids `layer * E + expert` with
+the tables slot_of [L*E], owner_of [S], last_use [S] and one global LRU clock."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import UserError
+from engine.moe.layout import SlotLayout
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0            # distinct (layer, expert) demands found resident
+    misses: int = 0          # distinct demands not resident
+    fetched: int = 0         # misses filled over the link
+    cpu: int = 0             # misses computed on the CPU
+    bytes_filled: int = 0
+    bytes_cpu: int = 0       # expert bytes the CPU read for its routes
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / max(1, self.hits + self.misses)
+
+
+def slots_for_budget(budget: int, layout: SlotLayout, n_experts: int) -> int:
+    slots = budget // layout.slot_bytes
+    if slots < n_experts:
+        mib = n_experts * layout.slot_bytes / 2**20
+        raise UserError(f"expert budget {budget / 2**20:.1f} MiB holds {slots} experts but one layer has "
+                        f"{n_experts} ({mib:.1f} MiB); raise --expert-budget to at least {mib:.0f}MiB")
+    return slots
+
+
+class ExpertCache:
+    def __init__(self, layout: SlotLayout, n_slots: int, n_layers: int, n_experts: int,
+                 device: torch.device):
+        self.layout = layout
+        self.pool = torch.empty(n_slots, layout.slot_bytes, dtype=torch.uint8, device=device)
+        self.w = layout.views(self.pool)                  # {name: [S, ...]}
+        self.n_experts = n_experts
+        # Control tables live on the host for the eager path (one sync per layer step).
+        self.slot_of = torch.full((n_layers * n_experts,), -1, dtype=torch.int64)
+        self.owner_of = torch.full((n_slots,), -1, dtype=torch.int64)
+        self.last_use = torch.full((n_slots,), -1, dtype=torch.int64)
+        self.seen = torch.full((n_layers * n_experts,), -1, dtype=torch.int64)
+        self.clock = 0
+        self.stats = CacheStats()
+
+    @property
+    def n_slots(self) -> int:
+        return self.pool.shape[0]
+
+    @property
+    def occupancy(self) -> float:
+        return float((self.owner_of >= 0).sum()) / self.n_slots

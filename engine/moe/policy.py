@@ -1,0 +1,27 @@
+"""Miss policies. Every policy reduces to one number per layer step: q, the share of the
+step's misses fetched into the cache (the rest run on the CPU from host memory).
+
+adaptive: q = q* = B_P / (B_P + B_H) from the measured bandwidths; fetch: q = 1; cpu: q = 0
+(hits still run from the cache); static:N: the experts of the first N MoE layers always run on
+the CPU (never cached), the other layers fetch. Prefill chunks fetch (q = 1) except in static
+CPU layers."""
+from __future__ import annotations
+
+from engine.config import parse_policy
+
+
+class MissPolicy:
+    def __init__(self, name: str, q_star: float = 1.0):
+        self.name = parse_policy(name)
+        self.static_layers = int(name.split(":")[1]) if name.startswith("static:") else 0
+        self.q_star = q_star
+
+    def q(self, layer: int, prefill: bool) -> float:
+        if layer < self.static_layers:
+            return 0.0
+        if prefill or self.name == "fetch" or self.static_layers:
+            return 1.0
+        return 0.0 if self.name == "cpu" else self.q_star
+
+    def cacheable(self, layer: int) -> bool:
+        return layer >= self.static_layers

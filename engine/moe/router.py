@@ -1,0 +1,17 @@
+"""The one router for every architecture: scores, optional correction bias, top-k, optional renormalisation and scaling."""
+from __future__ import annotations
+
+import torch
+
+from engine.models.base import RouterSpec
+
+
+def route(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None):
+    """logits [T, E] -> (weights [T, K] in logits' dtype, expert ids [T, K] int64)."""
+    scores = logits.float().softmax(-1) if spec.scoring == "softmax" else logits.float().sigmoid()
+    choice = scores if bias is None else scores + bias.float()
+    ids = choice.topk(spec.top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if spec.norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if spec.scoring == "sigmoid" else 0))
+    return (weights * spec.scaling).to(logits.dtype), ids

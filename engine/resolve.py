@@ -1,0 +1,52 @@
+"""MODEL argument -> FTW directory: an FTW directory is used as is; a HF directory or hub id is
+converted once into the user cache directory and reused while its fingerprint matches."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+from engine.config import cache_dir, hf_offline
+from engine.errors import UserError
+
+HUB_PATTERNS = ["*.safetensors", "*.json", "*.jinja", "*.txt", "*.model"]
+DEMO = Path(__file__).parent / "demo" / "model"
+
+
+def is_ftw(path: Path) -> bool:
+    return (path / "ftw.json").is_file()
+
+
+def hf_source(model: str) -> Path:
+    """A local HF directory, or a hub id downloaded (or found in the local hub cache)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
+        raise UserError(f"model {model!r} not found: give an FTW directory, a HuggingFace model "
+                        "directory, or a hub id like Qwen/Qwen3-30B-A3B")
+    from huggingface_hub import snapshot_download
+    try:
+        return Path(snapshot_download(model, allow_patterns=HUB_PATTERNS, local_files_only=hf_offline()))
+    except Exception as e:  # hub errors come in many types (offline, 404, gated, auth)
+        raise UserError(f"cannot download {model} from the Hugging Face Hub ({type(e).__name__}); "
+                        "check the id and your connection, or pass a local directory") from None
+
+
+def ensure_ftw(model: str | None, dtype: str = "auto",
+               progress: Callable[[int, int], None] | None = None) -> Path:
+    """Return an FTW directory for MODEL (None = the embedded demo model), converting if needed."""
+    from engine.convert import convert, fingerprint, target_dtype
+    from engine.models import model_config, read_hf_config
+    path = Path(model).expanduser() if model else DEMO
+    if is_ftw(path):
+        return path
+    src = hf_source(str(path))
+    dt = target_dtype(model_config(read_hf_config(src)), dtype)
+    fp = fingerprint(src, dt)
+    name = re.sub(r"[^\w.-]+", "_", (model or "demo").strip("/"))[-60:]
+    out = cache_dir() / "models" / f"{name}-{dt}-{fp[:12]}"
+    if is_ftw(out):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return convert(src, out, dt, force=True, progress=progress)

@@ -1,0 +1,113 @@
+"""Requests and steps: each step decodes every running sequence by one token and, when a
+prompt is waiting, adds one prefill chunk of it to the same batch (chunked prefill), so a long
+prompt never freezes other streams."""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import SamplingParams
+from engine.kv.batch import ForwardBatch
+from engine.sampling import generator, sample_row
+
+_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    tokens: list[int]                    # prompt + generated
+    params: SamplingParams
+    n_prompt: int = 0
+    n_cached: int = 0                    # tokens whose KV is written
+    pages: list[int] = field(default_factory=list)
+    finish: str | None = None            # stop | length | abort
+    id: int = field(default_factory=lambda: next(_ids))
+
+    def __post_init__(self):
+        self.n_prompt = len(self.tokens)
+        self.gen = generator(self.params)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.n_prompt:]
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.n_cached
+
+
+class Scheduler:
+    def __init__(self, model, kv, eos_ids: set[int], max_running: int, prefill_chunk: int,
+                 max_context: int):
+        self.model, self.kv, self.eos = model, kv, eos_ids
+        self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, max_context
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        seq.finish = seq.finish or "abort"
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self._retire(seq)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_running:
+            self.running.append(self.waiting.popleft())
+
+    def _plan(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens to feed) for this step: all decodes plus one prefill chunk."""
+        plan = [(s, 1) for s in self.running if s.pending == 1]
+        prefill = next((s for s in self.running if s.pending > 1), None)
+        if prefill:
+            plan.append((prefill, min(prefill.pending, self.chunk)))
+        return plan
+
+    def _reserve(self, seq: Sequence, n: int) -> None:
+        need = -(-(seq.n_cached + n) // self.kv.page_size) - len(seq.pages)
+        if need > 0:
+            seq.pages += self.kv.alloc(need)
+
+    def step(self) -> list[tuple[Sequence, int]]:
+        """Run one forward; returns (sequence, new token) for every sequence that sampled."""
+        self._admit()
+        plan = self._plan()
+        if not plan:
+            return []
+        for s, n in plan:
+            self._reserve(s, n)
+        batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.pages) for s, n in plan],
+                                   self.kv.page_size, self.model.lm_head.weight.device)
+        logits = self.model(batch, self.kv)
+        out = []
+        for (s, n), row in zip(plan, logits):
+            s.n_cached += n
+            if s.pending == 0:
+                tok = sample_row(row, s.params, s.gen)
+                s.tokens.append(tok)
+                out.append((s, tok))
+                self._check_finish(s, tok)
+        return out
+
+    def _check_finish(self, s: Sequence, tok: int) -> None:
+        if tok in self.eos and not s.params.ignore_eos:
+            s.finish = "stop"
+        elif len(s.output) >= s.params.max_tokens or len(s.tokens) >= self.max_context:
+            s.finish = "length"
+        if s.finish:
+            self._retire(s)
+
+    def _retire(self, s: Sequence) -> None:
+        if s in self.running:
+            self.running.remove(s)
+        self.kv.release(s.pages)
+        s.pages = []

@@ -1,0 +1,25 @@
+"""`freetoken convert SRC OUT`: a HF checkpoint (directory or hub id) to FTW."""
+from pathlib import Path
+
+import typer
+
+from freetoken_cli.common import Progress, user_errors
+
+
+@user_errors
+def convert(src: str = typer.Argument(..., help="HuggingFace model directory or hub id"),
+            out: Path = typer.Argument(..., help="output FTW directory"),
+            dtype: str = typer.Option("auto", help="bf16 | fp16 | fp32 | auto (the checkpoint's dtype)"),
+            force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists")):
+    """Convert a HuggingFace MoE checkpoint to the FTW format (no GPU needed)."""
+    from engine.convert import convert as run_convert
+    from engine.errors import UserError
+    from engine.resolve import hf_source
+    if out.exists() and not force:
+        raise UserError(f"{out} already exists; pass --force to overwrite it")
+    bar = Progress()
+    try:
+        run_convert(hf_source(src), out, dtype, force, lambda d, t: bar("convert", d, t))
+    finally:
+        bar.close()
+    typer.echo(f"wrote {out}", err=True)

@@ -1,0 +1,68 @@
+"""`freetoken run [MODEL]`: one-shot answers (--prompt or piped stdin) and interactive chat."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+from freetoken_cli.common import ModelArg, Progress, engine_config, user_errors
+
+
+@user_errors
+def run(model: Optional[str] = ModelArg,
+        prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="prompt text; piped stdin is appended"),
+        max_tokens: int = typer.Option(512, help="most tokens to generate"),
+        temperature: float = typer.Option(0.0, help="0 = greedy"),
+        top_p: float = typer.Option(1.0, help="nucleus sampling mass"),
+        top_k: int = typer.Option(0, help="sample among the k most likely tokens (0 = off)"),
+        seed: Optional[int] = typer.Option(None, help="sampling seed"),
+        raw: bool = typer.Option(False, "--raw", help="no chat template: continue the prompt text"),
+        system: Optional[str] = typer.Option(None, help="system message"),
+        ignore_eos: bool = typer.Option(False, "--ignore-eos", help="keep generating past end-of-sequence"),
+        expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB, 512MiB, auto"),
+        device: str = typer.Option("auto", help="cuda | cpu | auto"),
+        moe_policy: str = typer.Option("fetch", help="miss policy: adaptive | fetch | cpu | static:N"),
+        cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)"),
+        max_context: int = typer.Option(32768, help="context length in tokens"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="print stats to stderr")):
+    """Answer one prompt (from --prompt and/or piped stdin) and print only the answer."""
+    from engine.config import SamplingParams
+    from engine.llm import LLM
+    text = _read_prompt(prompt)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                            seed=seed, ignore_eos=ignore_eos)
+    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
+    bar = Progress(quiet=as_json)
+    try:
+        llm = LLM(cfg, bar)
+    finally:
+        bar.close()
+    ids = llm.tokenizer.encode(text) if raw else llm.tokenizer.chat(_messages(system, text))
+    if as_json:
+        toks = list(llm.generate(ids, params))
+        out = {"text": llm.tokenizer.decode(toks), "token_ids": toks, "stats": llm.stats.as_dict()}
+        typer.echo(json.dumps(out))
+        return
+    for delta in llm.stream(ids, params):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if verbose:
+        from freetoken_cli.stats import print_stats
+        print_stats(llm.stats)
+
+
+def _messages(system: Optional[str], text: str) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+
+
+def _read_prompt(prompt: Optional[str]) -> str:
+    from engine.errors import UserError
+    piped = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    if prompt is None and piped is None:
+        raise UserError("no prompt: pass --prompt TEXT or pipe text on stdin (interactive chat needs a terminal)")
+    parts = [p for p in (prompt, piped) if p]
+    return "\n\n".join(parts)

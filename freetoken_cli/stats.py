@@ -1,0 +1,16 @@
+"""Human-readable generation statistics (stderr)."""
+from __future__ import annotations
+
+
+def format_stats(st) -> str:
+    mib = 2**20
+    return (f"prompt {st.prompt_tokens} tok, prefill {st.prefill_tok_s:.1f} tok/s | "
+            f"output {st.output_tokens} tok, decode {st.decode_tok_s:.1f} tok/s | "
+            f"experts: hit rate {st.hit_rate:.1%} ({st.expert_hits} hits, {st.expert_misses} misses: "
+            f"{st.fetched} fetched, {st.cpu} on CPU) | moved {st.bytes_filled / mib:.1f} MiB, "
+            f"CPU read {st.bytes_cpu / mib:.1f} MiB | cache {st.cache_occupancy:.0%} full")
+
+
+def print_stats(st) -> None:
+    import sys
+    print(format_stats(st), file=sys.stderr)

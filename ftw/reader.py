@@ -1,0 +1,210 @@
+"""Open, validate and read an FTW v1 directory (spec: FORMAT.md).
+
+Opening checks what is cheap to check (index format and version, shard sizes, side-file
+sha256) and fails with one actionable line. Reads land directly in the destination tensor with
+os.preadv, through O_DIRECT when the buffer is aligned and the filesystem allows it (tmpfs and
+some others refuse it; then buffered reads are used). A read never writes past the tensor's own
+bytes, so `out` may be a view into a larger buffer.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import math
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from .format import (ALIGN, CHUNK_BYTES, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, FTWError,
+                     TensorInfo, align_up, byte_view, is_safe_relpath)
+
+
+def aligned_empty(shape: Iterable[int], dtype: torch.dtype, align: int = ALIGN) -> torch.Tensor:
+    """Uninitialised CPU tensor whose data pointer is `align`-aligned and whose allocation
+    extends to a multiple of `align` past it, so O_DIRECT reads can land in it directly."""
+    shape = tuple(shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = torch.empty(align_up(nbytes, align) + align, dtype=torch.uint8)
+    skip = -raw.data_ptr() % align
+    return raw[skip:skip + nbytes].view(dtype).view(shape)
+
+
+class FTWReader:
+    """An opened, validated FTW directory; see the module docstring."""
+
+    def __init__(self, path: str | os.PathLike, direct: bool = True) -> None:
+        self._fds: dict[str, list] = {}  # shard -> [O_DIRECT fd, or None if refused; plain fd]
+        self.path = Path(path)
+        self.use_direct = direct and hasattr(os, "O_DIRECT")
+        self.direct_bytes = 0            # bytes read through O_DIRECT so far
+        index = _load_index(self.path)
+        self._shards, self._files, self._infos = _parse(self.path, index)
+        self.fingerprint: str = index["fingerprint"]
+        self.meta: dict[str, Any] = index["meta"]
+        _check_contents(self.path, self._shards, self._files)
+
+    def names(self) -> list[str]:
+        """Tensor names in the order they were written."""
+        return list(self._infos)
+
+    def info(self, name: str) -> TensorInfo:
+        if name not in self._infos:
+            raise FTWError(f"no tensor {name!r} in {self.path}; see FTWReader.names()")
+        return self._infos[name]
+
+    def file(self, arcname: str) -> Path:
+        """Path of copied side file `arcname` inside the FTW directory."""
+        if arcname not in self._files:
+            raise FTWError(f"no side file {arcname!r} in {self.path}; it has {sorted(self._files)}")
+        return self.path / arcname
+
+    def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Tensor `name` on the CPU; read straight into `out` (same dtype and numel) if given."""
+        info = self.info(name)
+        out = aligned_empty(info.shape, info.dtype) if out is None else out
+        if not (out.device.type == "cpu" and out.is_contiguous() and out.dtype == info.dtype
+                and out.numel() == math.prod(info.shape)):
+            raise ValueError(f"out for {name!r} must be a contiguous CPU {info.dtype} tensor "
+                             f"with the numel of {info.shape}")
+        dst = byte_view(out)
+        # O_DIRECT needs an aligned buffer and length: the aligned body goes direct, the tail buffered.
+        body = info.nbytes - info.nbytes % ALIGN if out.data_ptr() % ALIGN == 0 else 0
+        done = body if body and self._read_direct(info.shard, dst[:body], info.offset) else 0
+        _pread(self._open(info.shard)[1], dst[done:], info.offset + done)
+        return out
+
+    def verify(self, names: Iterable[str] | None = None) -> None:
+        """Recompute per-tensor checksums; FTWError naming the tensor and shard on mismatch."""
+        for name in self.names() if names is None else names:
+            info = self.info(name)
+            got = zlib.crc32(byte_view(self.read(name)))
+            if got != info.crc32:
+                raise FTWError(f"tensor {name!r} in shard {info.shard} of {self.path} is corrupt (crc32 "
+                               f"{got:08x}, index {info.crc32:08x}); {_reconvert(self.path)}")
+
+    def close(self) -> None:
+        for fds in self._fds.values():
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
+        self._fds = {}
+
+    def __enter__(self) -> FTWReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _open(self, shard: str) -> list:
+        if shard not in self._fds:
+            p = self.path / shard
+            self._fds[shard] = [_open_direct(p) if self.use_direct else None, os.open(p, os.O_RDONLY)]
+        return self._fds[shard]
+
+    def _read_direct(self, shard: str, dst: memoryview, offset: int) -> bool:
+        """Read through O_DIRECT; False if this filesystem refuses it (then never try again)."""
+        fds = self._open(shard)
+        if fds[0] is None:
+            return False
+        try:
+            _pread(fds[0], dst, offset)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            os.close(fds[0])
+            fds[0] = None
+            return False
+        self.direct_bytes += len(dst)
+        return True
+
+
+def _open_direct(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # EINVAL: the filesystem does not support O_DIRECT
+            raise
+        return None
+
+
+def _pread(fd: int, dst: memoryview, offset: int) -> None:
+    """Fill `dst` from file offset `offset`, at most CHUNK_BYTES per syscall."""
+    pos = 0
+    while pos < len(dst):
+        got = os.preadv(fd, [dst[pos:pos + CHUNK_BYTES]], offset + pos)
+        if got == 0:
+            raise FTWError(f"a shard ended early at byte {offset + pos} (it changed after opening); "
+                           "re-run `freetoken convert`")
+        pos += got
+
+
+def _reconvert(path: Path) -> str:
+    return f"re-run `freetoken convert SRC {path} --force`"
+
+
+def _load_index(path: Path) -> dict[str, Any]:
+    """Parse ftw.json and check its format and version."""
+    f = path / INDEX_NAME
+    if not f.is_file():
+        raise FTWError(f"{path} is not an FTW directory (no {INDEX_NAME}); "
+                       "convert the model with `freetoken convert SRC OUT`")
+    try:
+        index = json.loads(f.read_bytes())
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise FTWError(f"{f} is corrupt ({e}); {_reconvert(path)}") from e
+    fmt = index.get("format") if isinstance(index, dict) else None
+    if fmt != FORMAT_NAME:
+        raise FTWError(f"{f} is not an FTW index (format {fmt!r}); convert the model with "
+                       f"`freetoken convert SRC {path}`")
+    v = index.get("version")
+    if type(v) is int and v > FORMAT_VERSION:
+        raise FTWError(f"{path} was written by a newer FreeToken (format v{v}); upgrade freetoken")
+    if v != FORMAT_VERSION or type(v) is not int:
+        raise FTWError(f"{path} has FTW format version {v!r}, not {FORMAT_VERSION}; {_reconvert(path)}")
+    return index
+
+
+def _parse(path: Path, index: dict) -> tuple[dict[str, int], dict[str, str], dict[str, TensorInfo]]:
+    """Shards, side files and tensor entries of a v1 index, checked for consistency."""
+    try:
+        shards = {str(k): int(v) for k, v in index["shards"].items()}
+        files = {str(k): str(v) for k, v in index["files"].items()}
+        infos = {n: TensorInfo.from_json(n, e) for n, e in index["tensors"].items()}
+        if not isinstance(index["fingerprint"], str) or not isinstance(index["meta"], dict):
+            raise TypeError("fingerprint must be a string and meta an object")
+        bad = [n for n in [*shards, *files] if not is_safe_relpath(n)]
+        bad += [i.name for i in infos.values() if not _entry_ok(i, shards)]
+        if bad:
+            raise ValueError(f"bad entry {bad[0]!r}")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise FTWError(f"{path / INDEX_NAME} is corrupt ({type(e).__name__}: {e}); "
+                       f"{_reconvert(path)}") from e
+    return shards, files, infos
+
+
+def _entry_ok(i: TensorInfo, shards: dict[str, int]) -> bool:
+    return (i.shard in shards and i.offset % ALIGN == 0 and i.offset >= 0
+            and i.nbytes == math.prod(i.shape) * i.dtype.itemsize
+            and i.offset + align_up(i.nbytes) <= shards[i.shard])
+
+
+def _check_contents(path: Path, shards: dict[str, int], files: dict[str, str]) -> None:
+    """Every shard has its recorded size; every side file its recorded sha256."""
+    for name, size in shards.items():
+        have = (path / name).stat().st_size if (path / name).is_file() else None
+        if have != size:
+            what = "missing" if have is None else "truncated" if have < size else "larger than recorded"
+            raise FTWError(f"shard {name} of {path} is {what} ({have} bytes, index says {size}); "
+                           f"{_reconvert(path)}")
+    for arc, digest in files.items():
+        p = path / arc
+        if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != digest:
+            raise FTWError(f"{p} was modified after conversion (missing or sha256 differs from "
+                           f"{INDEX_NAME}); {_reconvert(path)}")

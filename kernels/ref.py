@@ -1,0 +1,117 @@
+"""Plain-torch references. Each function defines the semantics of one kernel; the Triton and
+C++ versions are tested against it, and it is also the path used where no kernel applies."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def act_and_mul(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """[N, 2I] with gate columns first, then up -> [N, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if act == "silu":
+        return F.silu(gate) * up
+    raise ValueError(f"unknown expert activation {act!r}")
+
+
+def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                slots: torch.Tensor, weights: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """Weighted sum of routed expert FFNs.
+
+    x [T, H]; w_gate_up [S, 2I, H]; w_down [S, H, I] (S = slots of a GPU pool or experts of a
+    host bank); slots [T, K] integer, -1 = this route is computed elsewhere; weights [T, K].
+    Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]).
+    """
+    out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
+    flat = slots.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    uniq, counts = torch.unique_consecutive(flat[order], return_counts=True)
+    tok, w = order // slots.shape[1], weights.reshape(-1)
+    start = 0
+    for s, n in zip(uniq.tolist(), counts.tolist()):
+        idx, t = order[start:start + n], tok[start:start + n]
+        start += n
+        if s < 0:  # routes computed elsewhere
+            continue
+        h = act_and_mul(x[t] @ w_gate_up[s].t(), act)
+        y = (h @ w_down[s].t()) * w[idx, None]
+        out.index_add_(0, t, y.float())
+    return out
+
+
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                    page_table: torch.Tensor, q_lens: list[int], ctx_lens: list[int],
+                    scale: float, window: int | None = None) -> torch.Tensor:
+    """Causal attention of new tokens over paged KV.
+
+    q [T, Hq, D] (sequences' new tokens back to back); k_pool, v_pool [P, page, Hkv, D] already
+    hold the new tokens' keys; page_table [B, max_pages]; q_lens, ctx_lens per sequence (new
+    tokens, total tokens). The i-th new token of a sequence sits at position ctx - q_len + i.
+    """
+    page = k_pool.shape[1]
+    out, start = [], 0
+    for b, (ql, ctx) in enumerate(zip(q_lens, ctx_lens)):
+        pages = page_table[b, :(ctx + page - 1) // page].long()
+        k = k_pool[pages].flatten(0, 1)[:ctx].transpose(0, 1)  # [Hkv, ctx, D]
+        v = v_pool[pages].flatten(0, 1)[:ctx].transpose(0, 1)
+        qb = q[start:start + ql].transpose(0, 1)                 # [Hq, ql, D]
+        start += ql
+        mask = None
+        if ql > 1 or window:
+            qpos = torch.arange(ctx - ql, ctx, device=q.device)[:, None]
+            kpos = torch.arange(ctx, device=q.device)[None, :]
+            mask = kpos <= qpos
+            if window:
+                mask &= kpos > qpos - window
+        o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale,
+                                           enable_gqa=k.shape[0] != qb.shape[0])
+        out.append(o.transpose(0, 1))
+    return torch.cat(out, dim=0)
+
+
+def split_fetch(m: int, q: float) -> int:
+    """How many of m misses to fetch over PCIe (the rest run on the CPU): the integer F in
+    {floor(qm), floor(qm)+1} that minimises the slower branch max(F/q, (m-F)/(1-q)), where
+    q = B_P / (B_P + B_H). Ties go to fetching, since a fill can be reused."""
+    if q >= 1.0:
+        return m
+    if q <= 0.0:
+        return 0
+    f = int(q * m)
+    cands = [c for c in (f + 1, f) if c <= m]
+    return min(cands, key=lambda c: max(c / q, (m - c) / (1 - q)))
+
+
+def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
+         owner_of: torch.Tensor, last_use: torch.Tensor, seen: torch.Tensor, clock: int,
+         q: float):
+    """One MoE layer step of expert-cache control; updates the tables in place.
+
+    ids [T, K] expert ids of this layer; slot_of [L*E] (slot or -1), owner_of [S] (flat id or
+    -1), last_use [S] and seen [L*E] (clock of last demand). Deduplicates the routed experts,
+    classifies hits and misses, fetches F = split_fetch(M, q) of the M misses (most recently
+    demanded first, then most routed tokens) into the least recently used slots that no hit of
+    this step owns, and returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert
+    ids [F] within the layer).
+    """
+    flat = ids.reshape(-1) + layer * n_experts
+    uniq, counts = torch.unique(flat, return_counts=True)
+    slots = slot_of[uniq]
+    hit = slots >= 0
+    miss, mcount = uniq[~hit], counts[~hit]
+    order = torch.argsort(-mcount, stable=True)
+    order = order[torch.argsort(-seen[miss[order]], stable=True)]
+    miss = miss[order]
+    protect = torch.zeros_like(last_use, dtype=torch.bool)
+    protect[slots[hit]] = True
+    f = min(split_fetch(miss.numel(), q), int((~protect).sum()))
+    victims = torch.argsort(last_use.masked_fill(protect, torch.iinfo(last_use.dtype).max), stable=True)[:f]
+    fetch = miss[:f]
+    old = owner_of[victims]
+    slot_of[old[old >= 0]] = -1
+    slot_of[fetch] = victims
+    owner_of[victims] = fetch
+    last_use[victims] = clock
+    last_use[slots[hit]] = clock
+    seen[uniq] = clock
+    return slot_of[flat].view_as(ids), victims, fetch - layer * n_experts, int(hit.sum()), miss.numel()

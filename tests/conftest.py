@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny converted checkpoints (built once per session) and engine helpers."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tiny  # noqa: E402
+
+ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """(arch, fused) -> (transformers model, HF dir, FTW dir), built and converted once."""
+    from engine.convert import convert
+    made = {}
+
+    def get(arch: str, fused: bool = False):
+        if (arch, fused) not in made:
+            d = tmp_path_factory.mktemp(f"{arch}-{'fused' if fused else 'split'}")
+            ref = tiny.build(arch, d / "hf", fused=fused)
+            convert(d / "hf", d / "ftw")
+            made[arch, fused] = (ref, d / "hf", d / "ftw")
+        return made[arch, fused]
+    return get
+
+
+def load(ftw: Path, **kw):
+    from engine.config import EngineConfig
+    from engine.loader import load_engine
+    return load_engine(EngineConfig(model=str(ftw), device=kw.pop("device", "cpu"), **kw), ftw)
+
+
+def greedy(engine, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens through the scheduler (no tokenizer needed)."""
+    from engine.config import SamplingParams
+    from engine.scheduler import Scheduler, Sequence
+    sched = Scheduler(engine.model, engine.kv, set(), 1, 2048, engine.max_context)
+    seq = Sequence(list(prompt), SamplingParams(max_tokens=n, temperature=0))
+    sched.add(seq)
+    while not seq.finish:
+        sched.step()
+    return seq.output
