@@ -50,7 +50,7 @@ class EngineConfig:
     model: str                          # FTW dir, HF dir, or hub id
     device: str = "auto"                # auto | cuda | cpu
     expert_budget: int | None = None    # bytes for the expert cache; None = auto
-    moe_policy: str = "fetch"
+    moe_policy: str = "adaptive"
     cpu_threads: int | None = None      # CPU expert executor threads; None = physical cores
     max_context: int = 32768            # tokens per sequence (capped by the model)
     max_running: int = 1                # sequences decoded together
@@ -69,6 +69,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
+    forced: tuple[int, ...] = ()        # tests: emit these tokens first (the forward still runs)
 
     def __post_init__(self):
         if self.max_tokens < 0 or self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:

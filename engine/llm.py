@@ -12,7 +12,7 @@ from engine.loader import load_engine
 from engine.moe.cache import CacheStats
 from engine.resolve import ensure_ftw
 from engine.scheduler import Scheduler, Sequence
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import StopText, Tokenizer
 
 
 @dataclass
@@ -47,9 +47,15 @@ class GenStats:
 
 
 class LLM:
-    def __init__(self, config: EngineConfig, progress: Callable[[str, int, int], None] | None = None):
+    def __init__(self, config: EngineConfig, progress: Callable[[str, int, int], None] | None = None,
+                 say: Callable[[str], None] = lambda msg: None):
         path = ensure_ftw(config.model, progress=(lambda d, t: progress("convert", d, t)) if progress else None)
         self.engine = load_engine(config, path, progress)
+        self.name = config.model or "demo"
+        if config.moe_policy == "adaptive":
+            from engine.profile import load_or_measure
+            prof = load_or_measure(config.cpu_threads, say=say)
+            self.engine.runtime.set_bandwidths(prof["h2d_concurrent_gbps"] or 0.0, prof["cpu_expert_concurrent_gbps"])
         self.tokenizer = Tokenizer(path)
         e = self.engine
         self.scheduler = Scheduler(e.model, e.kv, self.tokenizer.eos_ids, config.max_running,
@@ -60,6 +66,18 @@ class LLM:
     def cache_stats(self) -> CacheStats:
         return self.engine.runtime.cache.stats
 
+    def server_stats(self) -> dict:
+        t, c = self.scheduler.totals, self.engine.runtime.cache
+        return {"prefill_tok_s": t["prefill_tokens"] / t["prefill_s"] if t["prefill_s"] else 0.0,
+                "decode_tok_s": t["decode_tokens"] / t["decode_s"] if t["decode_s"] else 0.0,
+                **t, "expert_hit_rate": c.stats.hit_rate, **asdict(c.stats),
+                "q_star": self.engine.runtime.policy.q_star, "cache_occupancy": c.occupancy,
+                "cache_slots": c.n_slots, "kv_pages_used": self.engine.kv.used,
+                "kv_pages_total": self.engine.kv.n_pages,
+                "prefix_hit_tokens": self.scheduler.prefix.hit_tokens,
+                "prefix_cached_pages": self.scheduler.prefix.pages,
+                "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)}
+
     def check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise UserError("the prompt is empty; give some text")
@@ -67,8 +85,10 @@ class LLM:
             raise UserError(f"the prompt has {len(ids)} tokens but the context holds {self.engine.max_context}; "
                             "shorten it or raise --max-context")
 
-    def generate(self, prompt: list[int], params: SamplingParams) -> Iterator[int]:
-        """Yield generated token ids (eos included when it ends the answer)."""
+    def generate(self, prompt: list[int], params: SamplingParams,
+                 progress: Callable[[int, int], None] | None = None) -> Iterator[int]:
+        """Yield generated token ids (eos included when it ends the answer); progress(done, total)
+        is called after each prefill chunk of a prompt longer than one chunk."""
         self.check_prompt(prompt)
         seq = Sequence(list(prompt), params)
         before, t0 = replace(self.cache_stats), time.perf_counter()
@@ -78,7 +98,10 @@ class LLM:
         self.scheduler.add(seq)
         try:
             while not seq.finish:
-                for s, tok in self.scheduler.step():
+                stepped = self.scheduler.step()
+                if progress and len(prompt) > self.scheduler.chunk and seq.n_cached <= len(prompt):
+                    progress(min(seq.n_cached, len(prompt)), len(prompt))
+                for s, tok in stepped:
                     if s is seq:
                         self._tick(t0)
                         yield tok
@@ -102,19 +125,15 @@ class LLM:
         st.bytes_filled, st.bytes_cpu = c.bytes_filled - before.bytes_filled, c.bytes_cpu - before.bytes_cpu
         st.cache_occupancy = self.engine.runtime.cache.occupancy
 
-    def stream(self, prompt: list[int], params: SamplingParams) -> Iterator[str]:
+    def stream(self, prompt: list[int], params: SamplingParams,
+               progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
         """Yield text deltas; stops at eos, max_tokens or a stop string (not included)."""
-        dec = self.tokenizer.decoder()
-        hold = max((len(s) for s in params.stop), default=1) - 1
-        text, sent = "", 0
-        for tok in self.generate(prompt, params):
-            text += dec.add(tok)
-            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                yield text[sent:cut]
+        dec, stop = self.tokenizer.decoder(), StopText(params.stop)
+        for tok in self.generate(prompt, params, progress):
+            text, hit = stop.feed(dec.add(tok))
+            if text:
+                yield text
+            if hit:
                 return
-            if len(text) - hold > sent:
-                yield text[sent:len(text) - hold]
-                sent = len(text) - hold
-        if text[sent:]:
-            yield text[sent:]
+        if rest := stop.flush():
+            yield rest

@@ -20,7 +20,7 @@ from engine.moe.cache import ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
 from engine.moe.policy import MissPolicy
 from engine.moe.runtime import ExpertRuntime
-from engine.moe.store import HostExpertStore
+from engine.moe.store import HostExpertStore, pin_
 
 GiB = 2**30
 
@@ -30,7 +30,7 @@ class Engine:
     cfg: ModelConfig
     model: CausalLM
     kv: KVPool
-    runtime: ExpertRuntime
+    runtime: ExpertRuntime | None
     device: torch.device
     path: Path
     max_context: int
@@ -46,11 +46,17 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_dense(reader, cfg: ModelConfig, device: torch.device) -> CausalLM:
+def compute_dtype(stored: str, device: torch.device) -> torch.dtype:
+    """The dtype of activations and dense weights: the checkpoint's on the GPU, float32 on the CPU
+    (CPUs without bf16 units are faster and exact in fp32; experts are upcast as they run)."""
+    return DTYPES[stored] if device.type == "cuda" else torch.float32
+
+
+def load_dense(reader, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
     with torch.device("meta"):
         model = CausalLM(cfg)
     names = [n for n in model.state_dict() if not (cfg.tie_word_embeddings and n == "lm_head.weight")]
-    sd = {n: reader.read(n) for n in names}
+    sd = {n: reader.read(n).to(dtype) for n in names}
     if cfg.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     model.load_state_dict(sd, assign=True, strict=True)
@@ -77,25 +83,68 @@ def load_engine(config: EngineConfig, path: Path, progress: Callable[[str, int, 
         reader.verify()
     cfg = model_config(json.loads(reader.file("config.json").read_text()))
     device = pick_device(config.device)
-    model = load_dense(reader, cfg, device)
+    dtype = compute_dtype(reader.meta["dtype"], device)
+    model = load_dense(reader, cfg, device, dtype)
     layout = SlotLayout.from_meta(reader.meta["layout"])
-    total = len(cfg.moe_layer_ids) * cfg.num_experts * layout.slot_bytes
-    done = [0]
+    total, done = len(cfg.moe_layer_ids) * cfg.num_experts * layout.slot_bytes, [0]
 
     def tick(n):
         done[0] += n
         if progress:
             progress("experts", done[0], total)
     store = HostExpertStore.load(reader, cfg.moe_layer_ids, layout, device.type == "cuda", tick)
+    return assemble(config, cfg, model, store, device, dtype, path)
+
+
+def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0) -> Engine:
+    """A random-weight model of a real model's shape (see engine.synthetic)."""
+    from engine.synthetic import random_banks, random_dense, synthetic_config
+    cfg = synthetic_config(shape, layers)
+    device = pick_device(config.device)
+    dtype = compute_dtype(cfg.dtype, device)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model.to_empty(device="cpu")
+    random_dense(model, gen)
+    model.to(device, dtype).requires_grad_(False)
+    model.rope = Rope(cfg.rope, cfg.head_dim, device)
+    layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, DTYPES[cfg.dtype])
+    banks = random_banks(cfg.num_layers, cfg.num_experts, layout, DTYPES[cfg.dtype], gen)
+    if device.type == "cuda":
+        for b in banks:
+            pin_(b)
+    return assemble(config, cfg, model, HostExpertStore(banks, layout), device, dtype, None)
+
+
+def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: HostExpertStore,
+             device: torch.device, dtype: torch.dtype, path: Path | None) -> Engine:
+    """KV pool, expert cache and runtime around loaded weights."""
+    layout = store.layout
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context * config.max_running
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
-                cfg.num_kv_heads, cfg.head_dim, DTYPES[reader.meta["dtype"]], device)
-    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, device, reserve=GiB + kv.bytes // 8)
-    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, device)
+                cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    engine = Engine(cfg, model, kv, None, device, path, max_context)
+    rebuild_experts(engine, store, config)
+    return engine
+
+
+def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig) -> ExpertRuntime:
+    """(Re)build the device expert cache and runtime for config's budget and policy. The host
+    store is untouched; the old cache is freed first."""
+    cfg, layout, old = engine.cfg, store.layout, engine.runtime
+    if old is not None:
+        old.cache.pool = old.cache.w = None  # free device memory before allocating the new pool
+        engine.runtime = None
+    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, engine.device,
+                         reserve=GiB + engine.kv.bytes // 8)
+    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device)
     runtime = ExpertRuntime(store, cache, MissPolicy(config.moe_policy), config.cpu_threads)
+    runtime._cpu = old._cpu if old is not None else None  # keep the worker pool
     if slots * layout.slot_bytes >= store.nbytes:
         runtime.warm_all()
-    for block in model.moe_blocks():
+    for block in engine.model.moe_blocks():
         block.runtime = runtime
-    return Engine(cfg, model, kv, runtime, device, path, max_context)
+    engine.runtime = runtime
+    return runtime

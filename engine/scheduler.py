@@ -4,6 +4,7 @@ prompt never freezes other streams."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ import torch
 
 from engine.config import SamplingParams
 from engine.kv.batch import ForwardBatch
+from engine.kv.radix import RadixCache
 from engine.sampling import generator, sample_row
 
 _ids = itertools.count()
@@ -22,6 +24,7 @@ class Sequence:
     params: SamplingParams
     n_prompt: int = 0
     n_cached: int = 0                    # tokens whose KV is written
+    cached: int = 0                      # prompt tokens reused from the prefix cache
     pages: list[int] = field(default_factory=list)
     finish: str | None = None            # stop | length | abort
     id: int = field(default_factory=lambda: next(_ids))
@@ -44,8 +47,10 @@ class Scheduler:
                  max_context: int):
         self.model, self.kv, self.eos = model, kv, eos_ids
         self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, max_context
+        self.prefix = RadixCache(kv)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -62,7 +67,10 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
-            self.running.append(self.waiting.popleft())
+            seq = self.waiting.popleft()
+            seq.pages = self.prefix.match(seq.tokens)
+            seq.n_cached = seq.cached = len(seq.pages) * self.kv.page_size
+            self.running.append(seq)
 
     def _plan(self) -> list[tuple[Sequence, int]]:
         """(sequence, tokens to feed) for this step: all decodes plus one prefill chunk."""
@@ -75,6 +83,8 @@ class Scheduler:
     def _reserve(self, seq: Sequence, n: int) -> None:
         need = -(-(seq.n_cached + n) // self.kv.page_size) - len(seq.pages)
         if need > 0:
+            if need > len(self.kv.free):
+                self.prefix.evict(need - len(self.kv.free))
             seq.pages += self.kv.alloc(need)
 
     def step(self) -> list[tuple[Sequence, int]]:
@@ -83,6 +93,7 @@ class Scheduler:
         plan = self._plan()
         if not plan:
             return []
+        t0 = time.perf_counter()
         for s, n in plan:
             self._reserve(s, n)
         batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.pages) for s, n in plan],
@@ -92,11 +103,23 @@ class Scheduler:
         for (s, n), row in zip(plan, logits):
             s.n_cached += n
             if s.pending == 0:
-                tok = sample_row(row, s.params, s.gen)
+                forced = s.params.forced
+                tok = forced[len(s.output)] if len(s.output) < len(forced) else sample_row(row, s.params, s.gen)
                 s.tokens.append(tok)
                 out.append((s, tok))
                 self._check_finish(s, tok)
+        self._account(plan, time.perf_counter() - t0)
         return out
+
+    def _account(self, plan: list[tuple[Sequence, int]], seconds: float) -> None:
+        tot, chunk = self.totals, sum(n for _, n in plan if n > 1)
+        tot["steps"] += 1
+        if chunk:
+            tot["prefill_tokens"] += chunk
+            tot["prefill_s"] += seconds
+        else:
+            tot["decode_tokens"] += len(plan)
+            tot["decode_s"] += seconds
 
     def _check_finish(self, s: Sequence, tok: int) -> None:
         if tok in self.eos and not s.params.ignore_eos:
@@ -109,5 +132,6 @@ class Scheduler:
     def _retire(self, s: Sequence) -> None:
         if s in self.running:
             self.running.remove(s)
+        self.prefix.insert(s.tokens[:s.n_cached], s.pages)
         self.kv.release(s.pages)
         s.pages = []

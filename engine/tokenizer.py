@@ -63,3 +63,25 @@ class IncrementalDecoder:
             self.prefix, self.read = self.read, len(self.ids)
             return text[len(before):]
         return ""
+
+
+class StopText:
+    """Hold back just enough text to never emit the start of a stop string."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops, self.buf = [s for s in stops if s], ""
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        self.buf += text
+        cut = min((i for i in (self.buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            out, self.buf = self.buf[:cut], ""
+            return out, True
+        n = max(0, len(self.buf) - self.hold)
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""
+        return out

@@ -1,8 +1,67 @@
-"""`freetoken bench`: not available yet."""
+"""`freetoken bench decode|prefill`: measured throughput beside the physical bound."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
 import typer
 
+from freetoken_cli.common import ModelArg, engine_config, user_errors
 
-def bench(ctx: typer.Context = None):
-    """Not available yet."""
-    typer.echo("freetoken bench is not available yet", err=True)
-    raise typer.Exit(2)
+app = typer.Typer(help="Benchmarks: decode throughput per miss policy (and prefill TTFT).", no_args_is_help=True)
+
+
+@app.command("decode")
+@user_errors
+def decode(model: Optional[str] = ModelArg,
+           synthetic: Optional[str] = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny"),
+           layers: Optional[int] = typer.Option(None, help="with --synthetic: keep only the first N layers"),
+           expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB"),
+           cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads"),
+           moe_policy: str = typer.Option("adaptive,fetch,cpu", help="comma list; adaptive-fixed = q* never re-estimated"),
+           routing: str = typer.Option("model", help="model | uniform | trace:FILE"),
+           tokens: int = typer.Option(64, help="decode tokens per repeat"),
+           repeats: int = typer.Option(3, help="repeats per policy (median reported)"),
+           prompt_tokens: int = typer.Option(32, help="prompt length"),
+           contention: int = typer.Option(0, help="also measure with N processes streaming through host RAM"),
+           device: str = typer.Option("auto", help="cuda | cpu | auto"),
+           max_context: int = typer.Option(4096, help="context length"),
+           as_json: bool = typer.Option(False, "--json", help="print rows as JSON")):
+    """Decode tok/s for each miss policy, with hit rate, traffic and the bound."""
+    from benchmarks.decode import run
+    from engine.config import parse_policy
+    from engine.loader import load_engine, load_synthetic
+    from engine.profile import load_or_measure
+    from engine.resolve import ensure_ftw
+    policies = [p.strip() for p in moe_policy.split(",") if p.strip()]
+    for p in policies:
+        p == "adaptive-fixed" or parse_policy(p)
+    cfg = engine_config(model, device, expert_budget, policies[0].replace("-fixed", ""), cpu_threads, max_context)
+    engine = load_synthetic(cfg, synthetic, layers) if synthetic else load_engine(cfg, ensure_ftw(model))
+    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
+    rows = run(engine, engine.runtime.store, cfg, policies, routing, tokens, repeats, prompt_tokens, prof, contention)
+    if as_json:
+        typer.echo(json.dumps({"rows": rows, "profile": prof}))
+    else:
+        _table(rows, prof, engine, cfg)
+
+
+def _table(rows: list[dict], prof: dict, engine, cfg) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    mib = 2**20
+    slots = engine.runtime.cache.n_slots
+    t = Table(title=f"decode: {engine.cfg.num_layers} layers x {engine.cfg.num_experts} experts, "
+                    f"top-{engine.cfg.router.top_k}, {slots} cache slots")
+    for col in ("policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
+                "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
+        t.add_column(col, justify="left" if col in ("policy", "load") else "right")
+    for r in rows:
+        t.add_row(r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
+                  f"{r['cpu']:.2f}", f"{r['bytes_filled'] / mib:.1f}", f"{r['bytes_cpu'] / mib:.1f}",
+                  f"{r['q_star']:.2f}", f"{r['bound_tok_s']:.2f}", f"{r['ratio']:.0%}")
+    con = Console(width=max(150, Console().width))
+    con.print(t)
+    p = prof
+    con.print(f"B_P {p['h2d_concurrent_gbps'] or 0:.1f} GB/s, B_H {p['cpu_expert_concurrent_gbps']:.1f} GB/s "
+                    f"(concurrent, {'quick' if p.get('quick') else 'saved'} profile)")

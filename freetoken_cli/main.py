@@ -9,7 +9,7 @@ app.command("convert")(convert.convert)
 app.command("profile")(profile.profile)
 app.command("run")(run.run)
 app.command("serve")(serve.serve)
-app.command("bench")(bench.bench)
+app.add_typer(bench.app, name="bench")
 
 if __name__ == "__main__":
     app()

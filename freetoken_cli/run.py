@@ -23,23 +23,28 @@ def run(model: Optional[str] = ModelArg,
         ignore_eos: bool = typer.Option(False, "--ignore-eos", help="keep generating past end-of-sequence"),
         expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB, 512MiB, auto"),
         device: str = typer.Option("auto", help="cuda | cpu | auto"),
-        moe_policy: str = typer.Option("fetch", help="miss policy: adaptive | fetch | cpu | static:N"),
+        moe_policy: str = typer.Option("adaptive", help="miss policy: adaptive | fetch | cpu | static:N"),
         cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)"),
         max_context: int = typer.Option(32768, help="context length in tokens"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="print stats to stderr")):
-    """Answer one prompt (from --prompt and/or piped stdin) and print only the answer."""
+    """Chat in a terminal, or answer one prompt (--prompt and/or piped stdin) printing only the answer."""
     from engine.config import SamplingParams
     from engine.llm import LLM
-    text = _read_prompt(prompt)
+    interactive = prompt is None and sys.stdin is not None and sys.stdin.isatty()
+    text = None if interactive else _read_prompt(prompt)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, ignore_eos=ignore_eos)
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
     bar = Progress(quiet=as_json)
     try:
-        llm = LLM(cfg, bar)
+        llm = LLM(cfg, bar, say=lambda m: typer.echo(m, err=True) if verbose else None)
     finally:
         bar.close()
+    if interactive:
+        from freetoken_cli.chat import Chat
+        Chat(llm, params, system, verbose).loop()
+        return
     ids = llm.tokenizer.encode(text) if raw else llm.tokenizer.chat(_messages(system, text))
     if as_json:
         toks = list(llm.generate(ids, params))

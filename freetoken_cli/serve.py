@@ -1,8 +1,52 @@
-"""`freetoken serve`: not available yet."""
+"""`freetoken serve [MODEL]`: OpenAI, Responses and Anthropic APIs over HTTP for agent clients.
+
+uvicorn starts at once; the model loads in a background thread while /health reports progress."""
+from __future__ import annotations
+
+from typing import Optional
+
 import typer
 
+from freetoken_cli.common import ModelArg, engine_config, fail, user_errors
 
-def serve(ctx: typer.Context = None):
-    """Not available yet."""
-    typer.echo("freetoken serve is not available yet", err=True)
-    raise typer.Exit(2)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@user_errors
+def serve(model: Optional[str] = ModelArg,
+          host: str = typer.Option("127.0.0.1", help="address to listen on (loopback by default)"),
+          port: int = typer.Option(8000, help="port to listen on"),
+          api_key: Optional[str] = typer.Option(None, help="require this key (Authorization: Bearer or x-api-key)"),
+          served_model_name: Optional[str] = typer.Option(None, help="model name clients send (default: MODEL)"),
+          max_running: int = typer.Option(1, help="requests decoded together; each adds --max-context tokens of KV"),
+          tool_call_parser: str = typer.Option("auto", help="auto | none | hermes | qwen3_coder | harmony"),
+          reasoning_parser: str = typer.Option("auto", help="auto | none | think | harmony"),
+          keep_billing_header: bool = typer.Option(False, "--keep-billing-header",
+                                                   help="keep Claude Code's per-request billing line in the prompt"),
+          expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB, 512MiB, auto"),
+          device: str = typer.Option("auto", help="cuda | cpu | auto"),
+          moe_policy: str = typer.Option("fetch", help="miss policy: adaptive | fetch | cpu | static:N"),
+          cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)"),
+          max_context: int = typer.Option(32768, help="context length in tokens"),
+          log_level: str = typer.Option("info", help="uvicorn log level")):
+    """Serve MODEL to agents: /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages."""
+    import uvicorn
+
+    from engine.llm import LLM
+    from engine.server.app import create_app
+    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context, max_running=max_running)
+    if host not in LOOPBACK and not api_key:
+        typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
+    failed: list[str] = []
+
+    def on_load_error(message: str) -> None:
+        failed.append(message)
+        server.should_exit = True
+
+    app = create_app(lambda progress: LLM(cfg, progress), served_model_name or model or "freetoken-demo",
+                     api_key=api_key, tool_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+                     keep_billing_header=keep_billing_header, on_load_error=on_load_error)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    server.run()
+    if failed:
+        fail(failed[0])

@@ -13,6 +13,13 @@ import tiny  # noqa: E402
 ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """Converted models and profiles go to a per-session cache, not the user's."""
+    import os
+    os.environ["FREETOKEN_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

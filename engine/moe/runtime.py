@@ -1,11 +1,15 @@
 """One MoE layer step: plan residency, fill the fetched misses, run the resident routes from the
 device cache and the CPU routes from the host store concurrently, and merge exactly (every
-(token, expert) route is computed on exactly one side, so the output is the plain sum)."""
+(token, expert) route is computed on exactly one side, so the output is the plain sum). The
+runtime times its own fills and CPU batches to keep q* current."""
 from __future__ import annotations
+
+import time
 
 import torch
 
 from engine.moe.cache import ExpertCache
+from engine.moe.estimator import BandwidthEstimator
 from engine.moe.policy import MissPolicy
 from engine.moe.store import HostExpertStore
 from kernels import ref
@@ -17,6 +21,9 @@ class ExpertRuntime:
         self.store, self.cache, self.policy = store, cache, policy
         self.cpu_threads, self._cpu = cpu_threads, None
         self.act = "silu"
+        self.routing = None      # optional (layer, ids) -> ids: trace replay, uniform, or a recorder
+        self.estimator: BandwidthEstimator | None = None  # None = q* stays as set
+        self._pending_fill = None  # (start event, end event, bytes) timed once complete
 
     @property
     def cpu(self):
@@ -25,6 +32,12 @@ class ExpertRuntime:
             from kernels.cpu_executor import CPUExecutor
             self._cpu = CPUExecutor(self.cpu_threads)
         return self._cpu
+
+    def set_bandwidths(self, b_p_gbps: float, b_h_gbps: float, online: bool = True) -> None:
+        """Initial B_P, B_H (profile); with online, re-estimated from the engine's own timings."""
+        est = BandwidthEstimator(b_p_gbps * 1e9, b_h_gbps * 1e9)
+        self.policy.q_star = est.q_star
+        self.estimator = est if online else None
 
     def warm_all(self) -> None:
         """Make every cacheable expert resident (the budget holds them all)."""
@@ -41,30 +54,63 @@ class ExpertRuntime:
         """x [T, H]; ids, weights [T, K] from the router -> [T, H] in x's dtype."""
         c = self.cache
         c.clock += 1
+        if self.routing is not None:
+            ids = self.routing(layer, ids)
         ids_h = ids.cpu()
+        self._update_q()
         route, victims, fetch, hits, misses = ref.plan(ids_h, layer, c.n_experts, c.slot_of, c.owner_of,
-                                         c.last_use, c.seen, c.clock, self.policy.q(layer, prefill))
+                                                       c.last_use, c.seen, c.clock, self.policy.q(layer, prefill))
         self._fill(layer, victims, fetch)
         cpu_ids = torch.where(route < 0, ids_h, -1)
-        self._count(hits, misses, misses - len(victims))
-        fut = None
-        if len(victims) < misses:
-            xh, wh = x.cpu(), weights.float().cpu()
-            bank = self.store.views[layer]
-            out_h = torch.empty(x.shape[0], x.shape[1], dtype=torch.float32)
-            fut = self.cpu.submit(xh, bank["gate_up"], bank["down"], cpu_ids, wh, out_h)
+        n_cpu = misses - len(victims)
+        self._count(hits, misses, n_cpu)
+        job = self._submit_cpu(layer, x, cpu_ids, weights, n_cpu) if n_cpu else None
         out = ref.moe_experts(x, c.w["gate_up"], c.w["down"], route.to(x.device), weights, self.act)
-        if fut is not None:
+        if job is not None:
+            fut, out_h, t0 = job
             fut.wait()
+            if self.estimator:
+                self.estimator.cpu(n_cpu * self.store.layout.slot_bytes, getattr(fut, "seconds", None)
+                                   or time.perf_counter() - t0)
             out += out_h.to(x.device, non_blocking=True)
         return out.to(x.dtype)
 
+    def _submit_cpu(self, layer: int, x: torch.Tensor, cpu_ids: torch.Tensor, weights: torch.Tensor, n: int):
+        bank = self.store.views[layer]
+        out_h = torch.empty(x.shape, dtype=torch.float32)
+        t0 = time.perf_counter()
+        fut = self.cpu.submit(x.cpu(), bank["gate_up"], bank["down"], cpu_ids, weights.float().cpu(), out_h)
+        return fut, out_h, t0
+
     def _fill(self, layer: int, victims: torch.Tensor, fetch: torch.Tensor) -> None:
-        bank, pool = self.store.banks[layer], self.cache.pool
+        if not len(victims):
+            return
+        bank, pool, nbytes = self.store.banks[layer], self.cache.pool, len(victims) * self.store.layout.slot_bytes
+        cuda = pool.is_cuda
+        t0 = time.perf_counter()
+        if cuda and self.estimator:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         for s, e in zip(victims.tolist(), fetch.tolist()):
             pool[s].copy_(bank[e], non_blocking=True)
+        if self.estimator:
+            if cuda:
+                end.record()
+                self._pending_fill = (start, end, nbytes)
+            else:
+                self.estimator.fill(nbytes, time.perf_counter() - t0)
         self.cache.stats.fetched += len(victims)
-        self.cache.stats.bytes_filled += len(victims) * self.store.layout.slot_bytes
+        self.cache.stats.bytes_filled += nbytes
+
+    def _update_q(self) -> None:
+        """Fold the last timed fill into B_P (once its events completed) and refresh q*."""
+        if self.estimator is None:
+            return
+        if self._pending_fill and self._pending_fill[1].query():
+            start, end, nbytes = self._pending_fill
+            self.estimator.fill(nbytes, start.elapsed_time(end) / 1e3)
+            self._pending_fill = None
+        self.policy.q_star = self.estimator.q_star
 
     def _count(self, hits: int, misses: int, n_cpu: int) -> None:
         st = self.cache.stats

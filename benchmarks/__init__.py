@@ -1,0 +1,1 @@
+"""Benchmarks behind `freetoken bench`; measured numbers are recorded in RESULTS.md."""

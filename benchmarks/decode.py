@@ -1,0 +1,116 @@
+"""Decode throughput per miss policy, measured in one process on the same prompt, beside the
+physical bound for the miss pattern each policy produced: bytes over PCIe / B_P and bytes the
+CPU reads / B_H overlapped, plus the device-resident bytes / HBM bandwidth."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+
+from engine.config import EngineConfig, SamplingParams
+from engine.loader import Engine, rebuild_experts
+from engine.moe.routing import make_routing
+from engine.scheduler import Scheduler, Sequence
+
+
+def decode_once(engine: Engine, prompt: list[int], tokens: int) -> tuple[float, dict]:
+    """Prefill `prompt`, then time `tokens` decode steps -> (seconds, decode-only cache counters)."""
+    sched = Scheduler(engine.model, engine.kv, set(), 1, 4096, engine.max_context)
+    sched.prefix.match = lambda toks: []  # every repeat prefills from scratch
+    seq = Sequence(list(prompt), SamplingParams(max_tokens=tokens + 1, ignore_eos=True))
+    sched.add(seq)
+    sched.step()  # prefill + first token
+    sync(engine)
+    st = engine.runtime.cache.stats
+    before, t0 = replace(st), time.perf_counter()
+    while not seq.finish:
+        sched.step()
+    sync(engine)
+    return time.perf_counter() - t0, {k: getattr(st, k) - getattr(before, k) for k in COUNTERS}
+
+
+COUNTERS = ("hits", "misses", "fetched", "cpu", "bytes_filled", "bytes_cpu")
+
+
+def sync(engine: Engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def dense_bytes(engine: Engine) -> int:
+    return sum(p.numel() * p.element_size() for n, p in engine.model.named_parameters()
+               if "embed_tokens" not in n)
+
+
+def hbm_gbps(engine: Engine) -> float:
+    if engine.device.type != "cuda":
+        return 20.0
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    return 2 * 5 * a.numel() / (time.perf_counter() - t0) / 1e9
+
+
+def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, prompt: list[int],
+                   tokens: int, repeats: int, prof: dict, online: bool) -> dict:
+    rt = rebuild_experts(engine, store, config)
+    rt.routing = make_routing(routing, len(store.banks), store.n_experts, engine.cfg.router.top_k)
+    rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"], online)
+    decode_once(engine, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
+    runs = [decode_once(engine, prompt, tokens) for _ in range(repeats)]
+    times, n = [t for t, _ in runs], repeats * tokens
+    d = {k: sum(c[k] for _, c in runs) / n for k in COUNTERS}
+    return {"policy": config.moe_policy + ("" if online else " (fixed q*)"), "tok_s": tokens / statistics.median(times),
+            "hit_rate": d["hits"] / max(1e-9, d["hits"] + d["misses"]), **d, "q_star": rt.policy.q_star,
+            "hit_bytes": d["hits"] * store.layout.slot_bytes}
+
+
+def bound(row: dict, prof: dict, dense: int, hbm: float) -> float:
+    """Upper bound on tok/s for this row's per-token miss pattern."""
+    b_p = (prof["h2d_concurrent_gbps"] or hbm) * 1e9  # no GPU: the "link" is a host memcpy
+    b_h = prof["cpu_expert_concurrent_gbps"] * 1e9
+    link = row["bytes_filled"] / b_p if row["bytes_filled"] else 0.0
+    cpu = row["bytes_cpu"] / b_h if row["bytes_cpu"] else 0.0
+    return 1.0 / (max(link, cpu) + (dense + row["hit_bytes"] + row["bytes_filled"]) / (hbm * 1e9))
+
+
+def memory_hog(stop, nbytes: int) -> None:
+    """A competing program: stream through `nbytes` of RAM until stopped."""
+    import numpy as np
+    buf = np.ones(nbytes // 8)
+    while not stop.is_set():
+        buf.sum()
+
+
+def run(engine: Engine, store, base: EngineConfig, policies: list[str], routing: str, tokens: int,
+        repeats: int, prompt_tokens: int, prof: dict, contention: int = 0) -> list[dict]:
+    prompt = torch.randint(0, engine.cfg.vocab_size, (prompt_tokens,),
+                           generator=torch.Generator().manual_seed(0)).tolist()
+    dense, hbm = dense_bytes(engine), hbm_gbps(engine)
+    rows = []
+    for load in ([False, True] if contention else [False]):
+        stop, procs = mp.get_context("spawn").Event(), []
+        if load:
+            procs = [mp.get_context("spawn").Process(target=memory_hog, args=(stop, 2 << 30), daemon=True)
+                     for _ in range(contention)]
+            [p.start() for p in procs]
+            time.sleep(1.0)
+        for pol in policies:
+            online = pol != "adaptive-fixed"
+            cfg = replace(base, moe_policy="adaptive" if pol == "adaptive-fixed" else pol)
+            row = measure_policy(engine, store, cfg, routing, prompt, tokens, repeats, prof, online)
+            row["load"] = f"{contention} hog(s)" if load else "none"
+            row["bound_tok_s"] = bound(row, prof, dense, hbm)
+            row["ratio"] = row["tok_s"] / row["bound_tok_s"]
+            rows.append(row)
+        stop.set()
+        [p.join() for p in procs]
+    return rows

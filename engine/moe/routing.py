@@ -1,0 +1,67 @@
+"""Routing overrides for benchmarks and trace recording. A trace is an int16 .npy array
+[tokens, moe_layers, K] of expert ids; replaying one on random weights emulates a real model's
+expert locality. `uniform` draws K distinct experts per token uniformly (no locality)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.errors import UserError
+
+
+class Replay:
+    """Replace the router's ids with a recorded trace, token by token (cycling at the end)."""
+
+    def __init__(self, path: Path, n_layers: int, n_experts: int, top_k: int):
+        try:
+            trace = np.load(path)
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read routing trace {path} ({e}); record one with `freetoken run --record-trace`") from None
+        if trace.ndim != 3 or trace.shape[1] < n_layers or trace.shape[2] != top_k or trace.max() >= n_experts:
+            raise UserError(f"trace {path} has shape {trace.shape} and max id {trace.max()}; this model needs "
+                            f"[tokens, >= {n_layers}, {top_k}] with ids < {n_experts}")
+        self.trace = torch.from_numpy(trace[:, :n_layers].astype(np.int64))
+        self.cursor = [0] * n_layers
+
+    def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
+        n, start = ids.shape[0], self.cursor[layer]
+        rows = torch.arange(start, start + n) % self.trace.shape[0]
+        self.cursor[layer] = start + n
+        return self.trace[rows, layer].to(ids.device)
+
+
+class Uniform:
+    def __init__(self, n_experts: int, seed: int = 0):
+        self.n, self.gen = n_experts, torch.Generator().manual_seed(seed)
+
+    def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
+        rand = torch.rand(ids.shape[0], self.n, generator=self.gen)
+        return rand.topk(ids.shape[1], dim=-1).indices.to(ids.device)
+
+
+class Recorder:
+    """Collect the ids every MoE layer sees; save() writes the trace."""
+
+    def __init__(self, path: Path, n_layers: int):
+        self.path, self.steps = Path(path), [[] for _ in range(n_layers)]
+
+    def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
+        self.steps[layer].append(ids.to("cpu", torch.int16))
+        return ids
+
+    def save(self) -> None:
+        trace = torch.stack([torch.cat(s) for s in self.steps], dim=1)  # [tokens, L, K]
+        np.save(self.path, trace.numpy())
+
+
+def make_routing(spec: str, n_layers: int, n_experts: int, top_k: int, seed: int = 0):
+    """'model' -> None (the router decides); 'uniform'; 'trace:FILE'."""
+    if spec == "model":
+        return None
+    if spec == "uniform":
+        return Uniform(n_experts, seed)
+    if spec.startswith("trace:"):
+        return Replay(Path(spec[6:]), n_layers, n_experts, top_k)
+    raise UserError(f"unknown --routing {spec!r}; choose model, uniform or trace:FILE")

@@ -1,0 +1,167 @@
+"""Machine profile: the bandwidths behind the miss split, measured with the engine's own paths
+on realistic expert sizes. B_P = pinned host-to-device expert fills into a slot pool; B_H = the
+CPU expert executor at batch 1 over a working set larger than the CPU caches; both again while
+running concurrently (they share host memory); plus two ceilings, a STREAM-like host read and a
+linear pinned copy. Saved per machine in the user cache directory."""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from engine.config import cache_dir
+from engine.moe.layout import SlotLayout
+
+GB = 1e9
+EXPERT = (2048, 768)  # hidden, moe_intermediate of Qwen3-30B-A3B: 9.4 MB bf16 experts
+
+
+def machine() -> dict:
+    """GPU, CPU, cores, RAM and PCIe link (NVML); the profile's key."""
+    desc = {"cpu": _cpu_model(), "physical_cores": psutil.cpu_count(logical=False),
+            "ram_gib": round(psutil.virtual_memory().total / 2**30), "gpu": None,
+            "pcie_gen": None, "pcie_width": None}
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(h)
+        desc.update(gpu=name.decode() if isinstance(name, bytes) else name,
+                    pcie_gen=pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                    pcie_width=pynvml.nvmlDeviceGetMaxPcieLinkWidth(h))
+    except Exception:  # pynvml raises NVMLError_LibraryNotFound etc. without a GPU: no GPU
+        pass
+    return desc
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def profile_path(desc: dict) -> Path:
+    key = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "profiles" / f"{key}.json"
+
+
+class Bench:
+    """Expert-sized rows in host memory, and the two paths that consume them."""
+
+    def __init__(self, n_experts: int, threads: int | None, cuda: bool):
+        self.layout = SlotLayout.for_experts(*EXPERT, torch.bfloat16)
+        from ftw import aligned_empty
+        self.bank = aligned_empty((n_experts, self.layout.slot_bytes), torch.uint8)
+        for v in self.layout.views(self.bank).values():
+            v.normal_(0, 0.02)
+        self.views = self.layout.views(self.bank)
+        self.cuda = cuda
+        if cuda:
+            from engine.moe.store import pin_
+            pin_(self.bank)
+            self.pool = torch.empty(8, self.layout.slot_bytes, dtype=torch.uint8, device="cuda")
+        from kernels.cpu_executor import CPUExecutor
+        self.cpu = CPUExecutor(threads)
+        self.x = torch.randn(1, EXPERT[0], dtype=torch.bfloat16)
+        self.out = torch.empty(1, EXPERT[0], dtype=torch.float32)
+
+    def h2d(self, seconds: float, stop: threading.Event | None = None) -> float:
+        """Fill pool slots from successive bank rows; GB/s."""
+        n, i, stream = self.bank.shape[0], 0, torch.cuda.Stream()
+        t0 = time.perf_counter()
+        with torch.cuda.stream(stream):
+            while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
+                for s in range(8):
+                    self.pool[s].copy_(self.bank[(i + s) % n], non_blocking=True)
+                i += 8
+                stream.synchronize()
+        return i * self.layout.slot_bytes / (time.perf_counter() - t0) / GB
+
+    def cpu_experts(self, seconds: float, stop: threading.Event | None = None) -> float:
+        """Batch-1 steps of 8 distinct experts cycling through the bank; GB/s of expert bytes."""
+        n, i, k = self.bank.shape[0], 0, 8
+        w = torch.full((1, k), 1.0 / k)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
+            ids = (torch.arange(k) + i).remainder(n).view(1, k).int()
+            self.cpu.run(self.x, self.views["gate_up"], self.views["down"], ids, w, self.out)
+            i += k
+        return i * self.layout.slot_bytes / (time.perf_counter() - t0) / GB
+
+    def concurrent(self, seconds: float) -> tuple[float, float]:
+        res = {}
+        t = threading.Thread(target=lambda: res.setdefault("h2d", self.h2d(seconds)))
+        t.start()
+        res["cpu"] = self.cpu_experts(seconds)
+        t.join()
+        return res["h2d"], res["cpu"]
+
+
+def stream_read_gbps(nbytes: int = 1 << 30, repeats: int = 3) -> float:
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = max(best, nbytes / (time.perf_counter() - t0) / GB)
+    return best
+
+
+def linear_h2d_gbps(nbytes: int = 1 << 30, repeats: int = 3) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    best = 0.0
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        best = max(best, nbytes / (time.perf_counter() - t0) / GB)
+    return best
+
+
+def measure(quick: bool = False, threads: int | None = None) -> dict:
+    """Full profile (~20 s), or a quick one (< 3 s) when no saved profile fits this machine."""
+    cuda = torch.cuda.is_available()
+    secs = 0.3 if quick else 2.0
+    b = Bench(24 if quick else 96, threads, cuda)  # 225 MB / 900 MB of experts: beyond any L3
+    res = {"machine": machine(), "quick": quick, "cpu_threads": b.cpu.threads, "cpu_backend": b.cpu.backend,
+           "expert_bytes": b.layout.slot_bytes}
+    res["cpu_expert_gbps"] = b.cpu_experts(secs)
+    res["h2d_gbps"] = b.h2d(secs) if cuda else None
+    if cuda:
+        res["h2d_concurrent_gbps"], res["cpu_expert_concurrent_gbps"] = b.concurrent(secs)
+    else:
+        res["h2d_concurrent_gbps"], res["cpu_expert_concurrent_gbps"] = None, res["cpu_expert_gbps"]
+    res["stream_read_gbps"] = None if quick else stream_read_gbps()
+    res["linear_h2d_gbps"] = linear_h2d_gbps() if cuda and not quick else None
+    p, h = res["h2d_concurrent_gbps"], res["cpu_expert_concurrent_gbps"]
+    res["q_star"] = p / (p + h) if p else 0.0
+    return res
+
+
+def save(res: dict, path: Path | None = None) -> Path:
+    path = path or profile_path(res["machine"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1))
+    return path
+
+
+def load_or_measure(threads: int | None = None, say=print) -> dict:
+    """The saved profile of this machine, or a quick measurement (and a note saying so)."""
+    desc = machine()
+    path = profile_path(desc)
+    if path.exists():
+        return json.loads(path.read_text())
+    say("no bandwidth profile for this machine (run `freetoken profile` once); measuring quickly")
+    return measure(quick=True, threads=threads)

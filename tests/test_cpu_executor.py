@@ -1,0 +1,165 @@
+"""Parity of the C++ CPU expert executor (and its torch fallback) with kernels.ref.moe_experts,
+on expert banks laid out like the engine's host store: typed strided views into a byte bank."""
+from __future__ import annotations
+
+import psutil
+import pytest
+import torch
+
+from kernels import cpu_executor, ref
+from kernels.cpu_executor import CPUExecutor, cpu_executor_available
+
+E = 16
+
+
+@pytest.fixture(scope="module")
+def ex():
+    e = CPUExecutor()
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def pools():
+    """The slower paths this CPU can run, each forced through the backend argument."""
+    made = {}
+    for b in ("avx2_fma", "scalar"):
+        try:
+            made[b] = CPUExecutor(backend=b)
+        except ValueError:  # path not usable on this CPU (or no compiler)
+            pass
+    yield made
+    for e in made.values():
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def ex_torch():
+    return CPUExecutor(backend="torch")
+
+
+def make_bank(H: int, I: int, dtype: torch.dtype, seed: int = 0):
+    """uint8 bank [E, slot_bytes] -> typed views w_gate_up [E, 2I, H], w_down [E, H, I]."""
+    g = torch.Generator().manual_seed(seed)
+    esz = torch.empty((), dtype=dtype).element_size()
+    gu_bytes, d_bytes = 2 * I * H * esz, H * I * esz
+    bank = torch.zeros(E, gu_bytes + d_bytes + 4096, dtype=torch.uint8)  # 4 KiB slack per slot
+    gu = bank[:, :gu_bytes].view(dtype).view(E, 2 * I, H)
+    down = bank[:, gu_bytes:gu_bytes + d_bytes].view(dtype).view(E, H, I)
+    gu.copy_(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5)
+    down.copy_(torch.randn(E, H, I, generator=g) / I ** 0.5)
+    assert gu.stride(0) > 2 * I * H and down.stride(0) > H * I
+    return gu, down
+
+
+def make_routes(T: int, K: int, dtype: torch.dtype, x_dtype: torch.dtype, H: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(x_dtype)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(dtype)
+    ids[torch.rand(T, K, generator=g) < 0.25] = -1  # routes computed elsewhere
+    weights = torch.rand(T, K, generator=g)
+    return x, ids, weights
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16, 1e-2)]
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("T", [1, 3, 17])
+@pytest.mark.parametrize("K", [1, 2, 8])
+def test_matches_reference(ex, dtype, tol, T, K):
+    check_parity(ex, dtype, tol, T, K)
+
+
+@pytest.mark.parametrize("backend", ["avx2_fma", "scalar"])  # the slower paths, forced
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("T,K", [(1, 8), (17, 2)])
+def test_forced_paths_match_reference(pools, backend, dtype, tol, T, K):
+    if backend not in pools:
+        pytest.skip(f"{backend} path not usable on this machine")
+    check_parity(pools[backend], dtype, tol, T, K)
+
+
+def check_parity(ex, dtype, tol, T, K):
+    H, I = (72, 40) if K != 2 else (256, 96)  # odd sizes exercise the SIMD tails
+    gu, down = make_bank(H, I, dtype)
+    x, ids, w = make_routes(T, K, torch.int32 if T % 2 else torch.int64, dtype, H)
+    out = torch.full((T, H), float("nan"))  # the executor overwrites out
+    ex.run(x, gu, down, ids, w, out)
+    assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < tol
+
+
+def test_all_routes_elsewhere_gives_zero(ex):
+    gu, down = make_bank(64, 32, torch.bfloat16)
+    x, ids, w = make_routes(3, 2, torch.int64, torch.bfloat16, 64)
+    out = torch.ones(3, 64)
+    ex.run(x, gu, down, torch.full_like(ids, -1), w, out)
+    assert torch.equal(out, torch.zeros(3, 64))
+
+
+def test_torch_fallback_matches(ex, ex_torch):
+    gu, down = make_bank(72, 40, torch.bfloat16)
+    x, ids, w = make_routes(5, 2, torch.int64, torch.bfloat16, 72)
+    a, b = torch.empty(5, 72), torch.empty(5, 72)
+    ex.run(x, gu, down, ids, w, a)
+    ex_torch.run(x, gu, down, ids, w, b)
+    assert ex_torch.backend == "torch"
+    assert torch.equal(b, ref.moe_experts(x, gu, down, ids, w)) and rel_err(a, b) < 1e-2
+
+
+def test_pool_survives_many_jobs(ex):
+    gu, down = make_bank(64, 32, torch.float32)
+    x, ids, w = make_routes(2, 2, torch.int64, torch.float32, 64)
+    expect = ref.moe_experts(x, gu, down, ids, w)
+    outs = [torch.empty(2, 64) for _ in range(4)]
+    for i in range(500):
+        ex.submit(x, gu, down, ids, w, outs[i % 4]).wait(timeout=10)
+    futs = [ex.submit(x, gu, down, ids, w, o) for o in outs]  # several queued at once
+    for f in futs:
+        f.wait(timeout=10)
+    assert all(rel_err(o, expect) < 1e-5 for o in outs)
+
+
+@pytest.mark.parametrize("bad", [E, 1000, -2])
+def test_bad_expert_id_raises_from_wait(ex, ex_torch, bad):
+    gu, down = make_bank(64, 32, torch.bfloat16)
+    x, ids, w = make_routes(2, 2, torch.int64, torch.bfloat16, 64)
+    ids[1, 0] = bad
+    for e in (ex, ex_torch):
+        fut = e.submit(x, gu, down, ids, w, torch.empty(2, 64))
+        with pytest.raises((RuntimeError, IndexError)):
+            fut.wait(timeout=10)
+    ids[1, 0] = 0  # the pool keeps working after a failed job
+    out = torch.empty(2, 64)
+    ex.run(x, gu, down, ids, w, out)
+    assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < 1e-2
+
+
+def test_validation_errors(ex):
+    gu, down = make_bank(64, 32, torch.bfloat16)
+    x, ids, w = make_routes(2, 2, torch.int64, torch.bfloat16, 64)
+    with pytest.raises(ValueError, match="need x"):
+        ex.submit(x, gu, down[:, :, :16], ids, w, torch.empty(2, 64))
+    with pytest.raises(ValueError, match="weights must be fp32"):
+        ex.submit(x, gu, down, ids, w.double(), torch.empty(2, 64))
+    with pytest.raises(ValueError, match="contiguous"):
+        ex.submit(x, gu.transpose(1, 2), down, ids, w, torch.empty(2, 64))
+
+
+def test_backend_and_threads(ex):
+    assert ex.backend in ("avx512_bf16", "avx2_fma", "scalar", "torch")
+    assert ex.threads == (psutil.cpu_count(logical=False) or 1)
+    assert (ex.backend != "torch") == cpu_executor_available()
+
+
+def test_missing_compiler_falls_back_with_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("CXX", "no-such-c++")
+    monkeypatch.setattr(cpu_executor, "_lib", None)
+    monkeypatch.setattr(cpu_executor, "_lib_error", None)
+    assert CPUExecutor().backend == "torch"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "falls back to torch" in err[0] and "not found" in err[0]

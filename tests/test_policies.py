@@ -1,0 +1,73 @@
+"""Miss policies on the CPU cache tier: identical tokens whatever the split, counters that show
+where each miss ran, online q* re-estimation, and `profile --json` without a GPU."""
+import json
+
+import pytest
+import torch
+from conftest import greedy, load
+
+from engine.moe.estimator import BandwidthEstimator
+
+POLICIES = ["fetch", "cpu", "adaptive", "static:1", "static:3"]
+
+
+@pytest.mark.parametrize("slots", [8, 13])
+def test_policies_give_identical_tokens(tiny_model, slots):
+    _, _, ftw = tiny_model("qwen3_moe")
+    prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(7)).tolist()
+    want = greedy(load(ftw), prompt, 16)
+    slot_bytes = load(ftw).runtime.store.layout.slot_bytes
+    for policy in POLICIES:
+        e = load(ftw, expert_budget=slots * slot_bytes, moe_policy=policy)
+        e.runtime.set_bandwidths(1.0, 1.0, online=False)  # q* = 0.5: half the misses on each side
+        assert greedy(e, prompt, 16) == want, policy
+        st = e.runtime.cache.stats
+        assert st.fetched + st.cpu == st.misses
+        if policy == "fetch":
+            assert st.cpu == 0
+        else:
+            assert st.cpu > 0
+        if policy == "static:3":  # every MoE layer on the CPU: nothing is ever cached
+            assert st.fetched == 0 and st.hits == 0
+        if policy.startswith("static"):
+            n = int(policy[7:])
+            assert (e.runtime.cache.slot_of[:n * 8] == -1).all()
+
+
+def test_adaptive_split_follows_q(tiny_model):
+    _, _, ftw = tiny_model("qwen3_moe")
+    prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(8)).tolist()
+    shares = []
+    for q_bp in (0.25, 4.0):  # q* = 0.2, then 0.8
+        e = load(ftw, expert_budget=8 * load(ftw).runtime.store.layout.slot_bytes, moe_policy="adaptive")
+        e.runtime.set_bandwidths(q_bp, 1.0, online=False)
+        before = e.runtime.cache.stats.fetched
+        greedy(e, prompt, 24)
+        st = e.runtime.cache.stats
+        shares.append((st.fetched - before) / max(1, st.fetched - before + st.cpu))
+    assert shares[0] < 0.5 < shares[1]
+
+
+def test_estimator_moves_q_under_contention():
+    est = BandwidthEstimator(50e9, 50e9)
+    assert est.q_star == pytest.approx(0.5)
+    for _ in range(30):  # the CPU branch slows down (another program hammers memory)
+        est.cpu(40 << 20, (40 << 20) / 10e9)
+        est.fill(40 << 20, (40 << 20) / 50e9)
+    assert est.q_star > 0.75
+    est.cpu(100, 1e-9)  # too small to time: ignored
+    assert est.q_star > 0.75
+
+
+def test_profile_json_without_gpu():
+    from typer.testing import CliRunner
+
+    from freetoken_cli.main import app
+    r = CliRunner().invoke(app, ["profile", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("h2d_gbps", "cpu_expert_gbps", "h2d_concurrent_gbps", "cpu_expert_concurrent_gbps", "q_star", "machine"):
+        assert key in res
+    assert res["h2d_gbps"] is None and res["h2d_concurrent_gbps"] is None and res["q_star"] == 0
+    assert res["cpu_expert_gbps"] > 0.05
+    assert {"gpu", "cpu", "physical_cores", "ram_gib", "pcie_gen", "pcie_width"} <= set(res["machine"])
