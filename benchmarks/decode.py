@@ -90,8 +90,8 @@ def memory_hog(stop, nbytes: int) -> None:
         buf.sum()
 
 
-def run(engine: Engine, store, base: EngineConfig, policies: list[str], routing: str, tokens: int,
-        repeats: int, prompt_tokens: int, prof: dict, contention: int = 0) -> list[dict]:
+def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], policies: list[str], routing: str,
+        tokens: int, repeats: int, prompt_tokens: int, prof: dict, contention: int = 0) -> list[dict]:
     prompt = torch.randint(0, engine.cfg.vocab_size, (prompt_tokens,),
                            generator=torch.Generator().manual_seed(0)).tolist()
     dense, hbm = dense_bytes(engine), hbm_gbps(engine)
@@ -103,11 +103,13 @@ def run(engine: Engine, store, base: EngineConfig, policies: list[str], routing:
                      for _ in range(contention)]
             [p.start() for p in procs]
             time.sleep(1.0)
-        for pol in policies:
+        for budget, pol in ((b, p) for b in budgets for p in policies):
             online = pol != "adaptive-fixed"
-            cfg = replace(base, moe_policy="adaptive" if pol == "adaptive-fixed" else pol)
+            cfg = replace(base, expert_budget=budget, moe_policy="adaptive" if pol == "adaptive-fixed" else pol)
             row = measure_policy(engine, store, cfg, routing, prompt, tokens, repeats, prof, online)
             row["load"] = f"{contention} hog(s)" if load else "none"
+            row["budget_gib"] = engine.runtime.cache.n_slots * store.layout.slot_bytes / 2**30
+            row["slots"] = engine.runtime.cache.n_slots
             row["bound_tok_s"] = bound(row, prof, dense, hbm)
             row["ratio"] = row["tok_s"] / row["bound_tok_s"]
             rows.append(row)

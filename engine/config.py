@@ -39,9 +39,9 @@ def parse_size(text: str | int | None) -> int | None:
 
 
 def parse_policy(text: str) -> str:
-    if text in POLICIES or re.fullmatch(r"static:\d+", text):
+    if text in POLICIES or re.fullmatch(r"static:(\d+|auto)", text):
         return text
-    raise UserError(f"unknown --moe-policy {text!r}; choose adaptive, fetch, cpu or static:N")
+    raise UserError(f"unknown --moe-policy {text!r}; choose adaptive, fetch, cpu, static:N or static:auto")
 
 
 @dataclass(frozen=True)

@@ -140,10 +140,11 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
     slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, engine.device,
                          reserve=GiB + engine.kv.bytes // 8)
     cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device)
-    runtime = ExpertRuntime(store, cache, MissPolicy(config.moe_policy), config.cpu_threads)
+    policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
+    runtime = ExpertRuntime(store, cache, policy, config.cpu_threads)
     runtime._cpu = old._cpu if old is not None else None  # keep the worker pool
-    if slots * layout.slot_bytes >= store.nbytes:
-        runtime.warm_all()
+    if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
+        runtime.warm()
     for block in engine.model.moe_blocks():
         block.runtime = runtime
     engine.runtime = runtime

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Optional
 
 import typer
@@ -16,7 +17,7 @@ app = typer.Typer(help="Benchmarks: decode throughput per miss policy (and prefi
 def decode(model: Optional[str] = ModelArg,
            synthetic: Optional[str] = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny"),
            layers: Optional[int] = typer.Option(None, help="with --synthetic: keep only the first N layers"),
-           expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB"),
+           expert_budget: str = typer.Option("auto", help="expert cache size(s), comma list: 4GiB,8GiB,auto"),
            cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads"),
            moe_policy: str = typer.Option("adaptive,fetch,cpu", help="comma list; adaptive-fixed = q* never re-estimated"),
            routing: str = typer.Option("model", help="model | uniform | trace:FILE"),
@@ -33,13 +34,17 @@ def decode(model: Optional[str] = ModelArg,
     from engine.loader import load_engine, load_synthetic
     from engine.profile import load_or_measure
     from engine.resolve import ensure_ftw
+    from engine.config import parse_size
     policies = [p.strip() for p in moe_policy.split(",") if p.strip()]
     for p in policies:
         p == "adaptive-fixed" or parse_policy(p)
-    cfg = engine_config(model, device, expert_budget, policies[0].replace("-fixed", ""), cpu_threads, max_context)
+    budgets = [parse_size(b.strip()) for b in expert_budget.split(",")]
+    cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context)
+    cfg = replace(cfg, expert_budget=budgets[0])
     engine = load_synthetic(cfg, synthetic, layers) if synthetic else load_engine(cfg, ensure_ftw(model))
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
-    rows = run(engine, engine.runtime.store, cfg, policies, routing, tokens, repeats, prompt_tokens, prof, contention)
+    rows = run(engine, engine.runtime.store, cfg, budgets, policies, routing, tokens, repeats, prompt_tokens, prof,
+               contention)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
@@ -50,14 +55,13 @@ def _table(rows: list[dict], prof: dict, engine, cfg) -> None:
     from rich.console import Console
     from rich.table import Table
     mib = 2**20
-    slots = engine.runtime.cache.n_slots
     t = Table(title=f"decode: {engine.cfg.num_layers} layers x {engine.cfg.num_experts} experts, "
-                    f"top-{engine.cfg.router.top_k}, {slots} cache slots")
-    for col in ("policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
+                    f"top-{engine.cfg.router.top_k}, expert {engine.runtime.store.layout.slot_bytes / mib:.1f} MiB")
+    for col in ("budget GiB", "policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
                 "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
         t.add_column(col, justify="left" if col in ("policy", "load") else "right")
     for r in rows:
-        t.add_row(r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
+        t.add_row(f"{r['budget_gib']:.1f}", r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
                   f"{r['cpu']:.2f}", f"{r['bytes_filled'] / mib:.1f}", f"{r['bytes_cpu'] / mib:.1f}",
                   f"{r['q_star']:.2f}", f"{r['bound_tok_s']:.2f}", f"{r['ratio']:.0%}")
     con = Console(width=max(150, Console().width))

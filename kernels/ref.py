@@ -33,8 +33,8 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         start += n
         if s < 0:  # routes computed elsewhere
             continue
-        h = act_and_mul(x[t] @ w_gate_up[s].t(), act)
-        y = (h @ w_down[s].t()) * w[idx, None]
+        h = act_and_mul(x[t] @ w_gate_up[s].t().to(x.dtype), act)
+        y = (h @ w_down[s].t().to(x.dtype)) * w[idx, None]
         out.index_add_(0, t, y.float())
     return out
 

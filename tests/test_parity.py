@@ -20,6 +20,7 @@ def full_logits(engine, ids):
 
 
 def rel_err(a, b):
+    a, b = a.float().cpu(), b.float().cpu()
     return float((a - b).norm() / b.norm())
 
 

@@ -12,6 +12,7 @@ class ForwardBatch:
     positions: torch.Tensor     # [T] int64
     q_lens: list[int]           # new tokens per sequence
     ctx_lens: list[int]         # tokens per sequence after this step
+    ctx_lens_t: torch.Tensor    # the same, [B] int32 on the device (decode kernels)
     page_table: torch.Tensor    # [B, max_pages] int32
     slots: torch.Tensor         # [T] int64 KV slot of each new token
     logit_rows: torch.Tensor    # rows of [T] whose logits are wanted
@@ -34,4 +35,5 @@ class ForwardBatch:
 
         def t(x, dt=torch.int64):
             return torch.tensor(x, dtype=dt, device=device)
-        return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(table, torch.int32), t(slots), t(rows))
+        return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, torch.int32), t(table, torch.int32),
+                            t(slots), t(rows))

@@ -50,6 +50,11 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x)
         q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
         kv.write(self.layer, k, v, batch.slots)
-        o = ref.paged_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
-                                batch.q_lens, batch.ctx_lens, self.d ** -0.5, self.window)
+        if q.is_cuda and self.window is None and max(batch.q_lens) == 1:
+            from kernels.attention_triton import paged_decode_attention
+            o = paged_decode_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
+                                       batch.ctx_lens_t, self.d ** -0.5)
+        else:
+            o = ref.paged_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
+                                    batch.q_lens, batch.ctx_lens, self.d ** -0.5, self.window)
         return self.o_proj(o.reshape(x.shape[0], -1))

@@ -11,9 +11,12 @@ from engine.config import parse_policy
 
 
 class MissPolicy:
-    def __init__(self, name: str, q_star: float = 1.0):
+    def __init__(self, name: str, n_layers: int, layers_that_fit: int, q_star: float = 1.0):
         self.name = parse_policy(name)
-        self.static_layers = int(name.split(":")[1]) if name.startswith("static:") else 0
+        self.static_layers = 0
+        if name.startswith("static:"):
+            arg = name.split(":")[1]
+            self.static_layers = max(0, n_layers - layers_that_fit) if arg == "auto" else min(int(arg), n_layers)
         self.q_star = q_star
 
     def q(self, layer: int, prefill: bool) -> float:

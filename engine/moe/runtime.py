@@ -24,6 +24,10 @@ class ExpertRuntime:
         self.routing = None      # optional (layer, ids) -> ids: trace replay, uniform, or a recorder
         self.estimator: BandwidthEstimator | None = None  # None = q* stays as set
         self._pending_fill = None  # (start event, end event, bytes) timed once complete
+        self._experts = ref.moe_experts
+        if cache.pool.is_cuda:  # decode-sized batches run the Triton GEMV kernel
+            from kernels.moe_triton import moe_experts_auto
+            self._experts = moe_experts_auto
 
     @property
     def cpu(self):
@@ -39,11 +43,12 @@ class ExpertRuntime:
         self.policy.q_star = est.q_star
         self.estimator = est if online else None
 
-    def warm_all(self) -> None:
-        """Make every cacheable expert resident (the budget holds them all)."""
+    def warm(self) -> None:
+        """Load whole cacheable layers into the cache, in order, while they fit (all of them when
+        the budget holds every expert; the GPU layers of a static policy)."""
         c, E = self.cache, self.cache.n_experts
         layers = [i for i in range(len(self.store.banks)) if self.policy.cacheable(i)]
-        for n, layer in enumerate(layers):
+        for n, layer in enumerate(layers[:c.n_slots // E]):
             slots = torch.arange(n * E, (n + 1) * E)
             c.pool[n * E:(n + 1) * E].copy_(self.store.banks[layer])
             c.slot_of[layer * E:(layer + 1) * E] = slots
@@ -65,7 +70,7 @@ class ExpertRuntime:
         n_cpu = misses - len(victims)
         self._count(hits, misses, n_cpu)
         job = self._submit_cpu(layer, x, cpu_ids, weights, n_cpu) if n_cpu else None
-        out = ref.moe_experts(x, c.w["gate_up"], c.w["down"], route.to(x.device), weights, self.act)
+        out = self._experts(x, c.w["gate_up"], c.w["down"], route.to(x.device), weights, self.act)
         if job is not None:
             fut, out_h, t0 = job
             fut.wait()

@@ -1,0 +1,124 @@
+"""Paged decode attention (Triton): kernels.ref.paged_attention for one new token per sequence.
+
+Split-KV ("flash decoding"): program (b, kv head j, split) runs an online softmax over its share
+of the sequence's tokens for the G = Hq/Hkv query heads of kv head j together (one tl.dot per
+tile), then a combine kernel merges the splits. ctx_lens is read on the device only, so the
+launch can be captured in a CUDA graph; splits past a sequence's end do nothing.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, len_ptr, o_ptr, ml_ptr, qk_scale, D, Hq, chunk,
+                  sq_b, sq_h, sk_p, sk_t, sk_h, sv_p, sv_t, sv_h, spt_b,
+                  G: tl.constexpr, PAGE: tl.constexpr, NSPLIT: tl.constexpr, PREC: tl.constexpr,
+                  BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    b, j, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ctx = tl.load(len_ptr + b)
+    offs_g, offs_d = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
+    mg, md = offs_g < G, offs_d < D
+    head = j * G + offs_g                                                  # [BLOCK_G] q heads
+    q = tl.load(q_ptr + b * sq_b + head[:, None] * sq_h + offs_d[None, :],
+                mask=mg[:, None] & md[None, :], other=0.0)                 # [BLOCK_G, BLOCK_D]
+    m_i = tl.full([BLOCK_G], -1e30, tl.float32)                            # running max (log2)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, ctx)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)                             # [BLOCK_N] positions
+        mn = offs_n < hi
+        page = tl.load(pt_ptr + b * spt_b + offs_n // PAGE, mask=mn, other=0).to(tl.int64)
+        row = offs_n % PAGE
+        m2 = mn[:, None] & md[None, :]
+        k = tl.load(k_ptr + (page * sk_p + row * sk_t + j * sk_h)[:, None] + offs_d[None, :],
+                    mask=m2, other=0.0)                                    # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptr + (page * sv_p + row * sv_t + j * sv_h)[:, None] + offs_d[None, :],
+                    mask=m2, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale       # [BLOCK_G, BLOCK_N]
+        s = tl.where(mn[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    out = (b * Hq + head) * NSPLIT + sp                                    # [BLOCK_G] rows
+    if NSPLIT == 1:
+        tl.store(o_ptr + out[:, None] * D + offs_d[None, :],
+                 (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=mg[:, None] & md[None, :])
+    else:
+        tl.store(o_ptr + out[:, None] * D + offs_d[None, :], acc, mask=mg[:, None] & md[None, :])
+        tl.store(ml_ptr + out * 2, m_i, mask=mg)
+        tl.store(ml_ptr + out * 2 + 1, l_i, mask=mg)
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ml_ptr, o_ptr, D, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)                                                 # b * Hq + h
+    offs_s, offs_d = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
+    ms, md = offs_s < NSPLIT, offs_d < D
+    m = tl.load(ml_ptr + (row * NSPLIT + offs_s) * 2, mask=ms, other=float("-inf"))
+    l = tl.load(ml_ptr + (row * NSPLIT + offs_s) * 2 + 1, mask=ms, other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))                                     # [BLOCK_S]
+    part = tl.load(part_ptr + (row * NSPLIT + offs_s)[:, None] * D + offs_d[None, :],
+                   mask=ms[:, None] & md[None, :], other=0.0)               # [BLOCK_S, BLOCK_D]
+    o = tl.sum(part * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(o_ptr + row * D + offs_d, o.to(o_ptr.dtype.element_ty), mask=md)
+
+
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                           page_table: torch.Tensor, ctx_lens: torch.Tensor, scale: float,
+                           n_split: int | None = None, block_n: int = 64) -> torch.Tensor:
+    """q [B, Hq, D]; k_pool, v_pool [P, page, Hkv, D]; page_table [B, max_pages] int32;
+    ctx_lens [B] int32 on q's device (never read on the host) -> [B, Hq, D] in q's dtype."""
+    B, Hq, D = q.shape
+    _, page, Hkv, _ = k_pool.shape
+    assert Hq % Hkv == 0 and q.stride(2) == k_pool.stride(3) == v_pool.stride(3) == 1
+    assert q.dtype == k_pool.dtype == v_pool.dtype, "q and the KV pools must share a dtype"
+    block_n = max(16, min(block_n, triton.next_power_of_2(page_table.shape[1] * page)))
+    n_blocks = triton.cdiv(page_table.shape[1] * page, block_n)            # token tiles at most
+    if n_split is None:                                                    # ~2 programs per SM
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        n_split = min(triton.next_power_of_2(triton.cdiv(2 * sms, B * Hkv)), n_blocks)
+    chunk = triton.cdiv(n_blocks, n_split) * block_n                       # tokens per split
+    out = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
+    part = out if n_split == 1 else torch.empty(B, Hq, n_split, D, device=q.device)
+    ml = torch.empty(B, Hq, n_split, 2, device=q.device)                   # (max, sum) per split
+    G = Hq // Hkv
+    _split_kernel[(B, Hkv, n_split)](
+        q, k_pool, v_pool, page_table, ctx_lens, part, ml, scale * LOG2E, D, Hq, chunk,
+        q.stride(0), q.stride(1), *k_pool.stride()[:3], *v_pool.stride()[:3], page_table.stride(0),
+        G=G, PAGE=page, NSPLIT=n_split, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_N=block_n)
+    if n_split > 1:
+        _combine_kernel[(B * Hq,)](part, ml, out, D, NSPLIT=n_split,
+                                   BLOCK_S=triton.next_power_of_2(n_split),
+                                   BLOCK_D=triton.next_power_of_2(D))
+    return out
+
+
+def bench_attention(ctx: int = 4096, Hq: int = 32, Hkv: int = 4, D: int = 128, page: int = 16,
+                    dtype: torch.dtype = torch.bfloat16, hbm_gbs: float = 4300.0) -> dict:
+    """H200 timing for B = 1, 2, 4, 8 sequences of ctx tokens: GB/s of K+V bytes vs HBM."""
+    from triton.testing import do_bench
+    res = {}
+    for B in (1, 2, 4, 8):
+        n_pages = ctx // page
+        k = torch.randn(B * n_pages, page, Hkv, D, device="cuda", dtype=dtype)
+        v = torch.randn_like(k)
+        pt = torch.randperm(B * n_pages, device="cuda", dtype=torch.int32).view(B, n_pages)
+        lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+        q = torch.randn(B, Hq, D, device="cuda", dtype=dtype)
+        ms = do_bench(lambda: paged_decode_attention(q, k, v, pt, lens, D ** -0.5))
+        nbytes = 2 * k.numel() * k.element_size()
+        res[B] = {"us": ms * 1e3, "GB/s": nbytes / ms / 1e6, "of_hbm": nbytes / ms / 1e6 / hbm_gbs}
+    return res

@@ -1,0 +1,138 @@
+"""Device-resident expert-cache control (Triton): kernels.ref.plan in ONE single-program launch.
+
+Reads and updates the residency tables, clock and q on the device, so a decode step never
+syncs with the host. Routes are deduplicated and misses ranked by pairwise comparison of the
+N = T*K routes ([BLOCK_N, BLOCK_N] tiles, N <= 256); victims are the F smallest composite keys
+(last_use, slot) over S slots, found in one pass over blocks of S that keep the F best in
+registers (iterative min-extraction of the few keys below the running threshold).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_IDX = 20                                   # slot index bits of a key (S < 2^20)
+IDX, IDX_MASK = tl.constexpr(_IDX), tl.constexpr((1 << _IDX) - 1)
+LU_MAX = tl.constexpr(1 << 40)              # last_use is clamped here (clocks stay far below)
+BIG = tl.constexpr(1 << 61)                 # + slot: protected slots (hits of this step) last
+INF, NEG = tl.constexpr(1 << 62), tl.constexpr(-(1 << 62))   # empty / inert candidate
+DEAD = tl.constexpr((1 << 62) + 1)          # key already taken or out of range
+
+
+@triton.jit
+def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, route_ptr,
+                 vic_ptr, fetch_ptr, counts_ptr, N, S, n_out, base,
+                 BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr):
+    c = tl.load(clock_ptr) + 1                                   # this step's clock
+    ln = tl.arange(0, BLOCK_N)                                   # [BLOCK_N] route lanes
+    valid = ln < N
+    fid = tl.load(ids_ptr + ln, mask=valid, other=0).to(tl.int64) + base    # flat ids
+    eq = (fid[:, None] == fid[None, :]) & valid[None, :]         # [BLOCK_N, BLOCK_N]
+    cnt = tl.sum(eq.to(tl.int32), axis=1)                        # routes of this lane's expert
+    first = valid & (tl.sum((eq & (ln[None, :] < ln[:, None])).to(tl.int32), axis=1) == 0)
+    slot = tl.load(slot_of + fid, mask=valid, other=-1)
+    sn = tl.load(seen + fid, mask=valid, other=0)
+    hit = slot >= 0
+    hitf, missf = first & hit, first & ~hit                      # one lane per distinct expert
+    n_hit = tl.sum(hitf.to(tl.int32), axis=0)
+    n_miss = tl.sum(missf.to(tl.int32), axis=0)
+    # rank among the distinct misses: seen desc, then routed tokens desc, then id asc
+    tie_id = (cnt[None, :] == cnt[:, None]) & (fid[None, :] < fid[:, None])  # [n, m]: m first?
+    before = (sn[None, :] > sn[:, None]) | ((sn[None, :] == sn[:, None]) & (
+        (cnt[None, :] > cnt[:, None]) | tie_id))
+    rank = tl.sum((before & missf[None, :]).to(tl.int32), axis=1)       # [BLOCK_N]
+    # F = split_fetch(M, q) in float64 like the Python reference, capped by unprotected slots
+    qv = tl.load(q_ptr).to(tl.float64)
+    qs = tl.where((qv > 0.0) & (qv < 1.0), qv, 0.5)
+    m = n_miss.to(tl.float64)
+    f0 = (qs * m).to(tl.int32)
+    f1 = f0 + 1
+    cost0 = tl.maximum(f0.to(tl.float64) / qs, (m - f0.to(tl.float64)) / (1.0 - qs))
+    cost1 = tl.maximum(f1.to(tl.float64) / qs, (m - f1.to(tl.float64)) / (1.0 - qs))
+    f = tl.where((f1 <= n_miss) & (cost1 <= cost0), f1, f0)
+    f = tl.where(qv >= 1.0, n_miss, tl.where(qv <= 0.0, 0, f))
+    f = tl.minimum(f, S - n_hit)
+    # victims: the f smallest keys (last_use, slot), protected slots keyed BIG + slot
+    hs = tl.where(hitf, slot, -1)                                # [BLOCK_N] protected slots
+    cand = tl.where(ln < f, INF, NEG).to(tl.int64)              # [BLOCK_N]; lanes >= f inert
+    for s0 in range(0, S, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)                        # [BLOCK_S] slots
+        ms = offs < S
+        lu = tl.minimum(tl.load(last_use + offs, mask=ms, other=0).to(tl.int64), LU_MAX)
+        prot = tl.sum((offs[:, None] == hs[None, :]).to(tl.int32), axis=1) > 0
+        key = tl.where(prot, BIG, (lu + 1) << IDX) + offs
+        key = tl.where(ms, key, DEAD)
+        n_take = tl.minimum(tl.sum((key < tl.max(cand, axis=0)).to(tl.int32), axis=0), f)
+        for _ in range(0, n_take):                               # keys below the threshold
+            mk = tl.min(key, axis=0)
+            pos = tl.where(mk < tl.max(cand, axis=0), tl.argmax(cand, axis=0), -1)
+            cand = tl.where(ln == pos, mk, cand)
+            key = tl.where(key == mk, DEAD, key)
+    act = ln < f
+    crank = tl.sum(((cand[None, :] < cand[:, None]) & act[None, :]).to(tl.int32), axis=1)
+    tl.store(vic_ptr + crank, cand & IDX_MASK, mask=act)   # victims in LRU order
+    got = valid & ~hit & (rank < f)                              # routes whose expert is fetched
+    tl.store(fetch_ptr + rank, fid - base, mask=got & first)
+    pad = tl.arange(0, BLOCK_O)
+    tl.store(vic_ptr + pad, -1, mask=(pad >= f) & (pad < n_out))
+    tl.store(fetch_ptr + pad, -1, mask=(pad >= f) & (pad < n_out))
+    tl.debug_barrier()                                           # victims visible to all lanes
+    vic = tl.load(vic_ptr + rank, mask=got, other=-1).to(tl.int64)
+    old = tl.load(owner_of + vic, mask=got & first, other=-1)    # evicted flat ids
+    tl.debug_barrier()                                           # all reads before any write
+    tl.store(slot_of + old, -1, mask=(old >= 0) & got & first)
+    tl.store(slot_of + fid, vic, mask=got & first)
+    tl.store(owner_of + vic, fid, mask=got & first)
+    tl.store(last_use + vic, c, mask=got & first)
+    tl.store(last_use + slot, c, mask=hitf)
+    tl.store(seen + fid, c, mask=first)
+    tl.store(route_ptr + ln, tl.where(hit, slot, vic), mask=valid)
+    tl.store(counts_ptr, n_hit)
+    tl.store(counts_ptr + 1, n_miss)
+    tl.store(counts_ptr + 2, f)
+    tl.store(clock_ptr, c)
+
+
+def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
+         owner_of: torch.Tensor, last_use: torch.Tensor, seen: torch.Tensor, clock: torch.Tensor,
+         q: torch.Tensor, out_route: torch.Tensor, out_victims: torch.Tensor,
+         out_fetch: torch.Tensor, out_counts: torch.Tensor, block_s: int | None = None) -> None:
+    """ref.plan on device tensors, no host sync. clock [1] int64 is incremented first and the
+    new value used (as ExpertRuntime does); q [1] fp32. Writes out_route [T, K] (-1 = CPU),
+    out_victims / out_fetch [>= min(T*K, S)] (F entries, then -1), out_counts [3] =
+    (hits, misses, F). Tables are updated in place exactly as ref.plan does."""
+    N, S = ids.numel(), owner_of.numel()
+    n_out = out_victims.numel()
+    assert N <= 256 and S < 2 ** _IDX and out_fetch.numel() == n_out >= min(N, S)
+    assert out_route.is_contiguous() and out_route.numel() == N and out_counts.numel() >= 3
+    block_n = max(16, triton.next_power_of_2(N))
+    block_s = block_s or min(triton.next_power_of_2(S), max(64, 16384 // block_n))
+    _plan_kernel[(1,)](ids.contiguous(), slot_of, owner_of, last_use, seen, clock, q, out_route,
+                       out_victims, out_fetch, out_counts, N, S, n_out, layer * n_experts,
+                       BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_O=triton.next_power_of_2(n_out),
+                       num_warps=4 if block_n <= 64 else 8)
+
+
+def bench_plan(T: int = 1, K: int = 8, S: int = 800, E: int = 128, L: int = 48,
+               q: float = 0.5, steps: int = 256) -> dict:
+    """H200 timing of one plan launch per MoE layer step over random routing (us per call)."""
+    from triton.testing import do_bench
+    dev = "cuda"
+    slot_of, seen = (torch.full((L * E,), -1, dtype=torch.int64, device=dev) for _ in range(2))
+    owner_of, last_use = (torch.full((S,), -1, dtype=torch.int64, device=dev) for _ in range(2))
+    clock = torch.zeros(1, dtype=torch.int64, device=dev)
+    qt = torch.tensor([q], device=dev)
+    ids = [torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(T)]) for _ in range(steps)]
+    route = torch.empty(T, K, dtype=torch.int64, device=dev)
+    vic, fetch = (torch.empty(T * K, dtype=torch.int64, device=dev) for _ in range(2))
+    counts = torch.empty(3, dtype=torch.int64, device=dev)
+    step = [0]
+
+    def one():
+        step[0] += 1
+        plan(ids[step[0] % steps], step[0] % L, E, slot_of, owner_of, last_use, seen, clock,
+             qt, route, vic, fetch, counts)
+    ms = do_bench(one)
+    nbytes = 8 * (3 * S + 3 * T * K)                             # tables read, roughly
+    return {"us": ms * 1e3, "GB/s": nbytes / ms / 1e6, "bytes": nbytes}

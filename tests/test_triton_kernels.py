@@ -1,0 +1,224 @@
+"""Parity of the Triton kernels with kernels/ref.py. Without CUDA they run under TRITON_INTERPRET=1
+(fp32/fp16 only, small shapes); with CUDA the same tests run the compiled kernels, also in bf16,
+plus decode-sized shapes. Low-precision results are compared with the fp32 reference computed
+from the same (rounded) inputs, within two ulps of the input dtype."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported
+pytest.importorskip("triton")
+
+from kernels import ref  # noqa: E402
+from kernels.attention_triton import paged_decode_attention  # noqa: E402
+from kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
+from kernels.plan_triton import plan  # noqa: E402
+
+DEV = "cuda" if CUDA else "cpu"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _need(dtype):
+    if dtype == torch.bfloat16 and not CUDA:
+        pytest.skip("bf16 is broken in the Triton interpreter")
+
+
+def _close(out, ref32, dtype):
+    """|out - ref| <= 2 ulp(dtype) * (|ref| + max|ref|/2); fp32: 1e-5 relative."""
+    eps = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
+    scale = ref32.abs().max().item()
+    torch.testing.assert_close(out.float().cpu(), ref32.cpu(), rtol=eps, atol=eps * scale / 2)
+
+
+# ---------------------------------------------------------------- moe_experts
+def _pool_views(S, H, I, dtype, gen):
+    """Weights as strided views into a padded per-slot byte pool, like the device cache."""
+    esz = torch.tensor([], dtype=dtype).element_size()
+    slot_bytes = (3 * I * H * esz + 255) // 256 * 256 + 256          # padded slot stride
+    pool = torch.zeros(S, slot_bytes, dtype=torch.uint8)
+    flat = pool.view(dtype)
+    flat[:, :3 * I * H] = (torch.randn(S, 3 * I * H, generator=gen) * 0.3).to(dtype)
+    pool = pool.to(DEV)
+    flat = pool.view(dtype)
+    return flat[:, :2 * I * H].view(S, 2 * I, H), flat[:, 2 * I * H:3 * I * H].view(S, H, I)
+
+
+BIG_BLOCKS, SMALL_BLOCKS = (8, 512, 16, 256), (4, 32, 16, 16)     # one tile / loops + tails
+
+
+@pytest.mark.parametrize("xdt,wdt,blocks", [(d, d, BIG_BLOCKS) for d in DTYPES] + [
+    (torch.float32, torch.float16, BIG_BLOCKS), (torch.float16, torch.float32, BIG_BLOCKS),
+    (torch.float32, torch.float32, SMALL_BLOCKS), (torch.float16, torch.float16, SMALL_BLOCKS),
+    (torch.bfloat16, torch.bfloat16, SMALL_BLOCKS)])
+def test_moe_experts_matches_ref(xdt, wdt, blocks):
+    _need(xdt), _need(wdt)
+    gen = torch.Generator().manual_seed(0)
+    T, K, H, I, S = 3, 4, 80, 40, 6
+    wgu, wd = _pool_views(S, H, I, wdt, gen)
+    assert wgu.stride(0) > 2 * I * H and not wgu.is_contiguous()
+    x = torch.randn(T, H, generator=gen).to(xdt).to(DEV)
+    slots = torch.randint(-1, S, (T, K), generator=gen)
+    slots[0, 0], slots[1, 1], slots[2, 2] = -1, slots[0, 1], slots[0, 1]  # dead and shared routes
+    w = torch.rand(T, K, generator=gen).to(DEV)
+    out = moe_experts(x, wgu, wd, slots.to(DEV), w, blocks=blocks)
+    ref32 = ref.moe_experts(x.float().cpu(), wgu.to(xdt).float().cpu(), wd.to(xdt).float().cpu(),
+                            slots, w.float().cpu())
+    assert out.dtype == torch.float32 and out.shape == (T, H)
+    _close(out, ref32, xdt)
+
+
+def test_moe_experts_dead_routes_and_auto():
+    gen = torch.Generator().manual_seed(1)
+    T, K, H, I, S = 2, 2, 48, 24, 3
+    wgu, wd = _pool_views(S, H, I, torch.float32, gen)
+    x = torch.randn(T, H, generator=gen).to(DEV)
+    w = torch.full((T, K), float("nan"), device=DEV)          # must not leak from dead routes
+    slots = torch.full((T, K), -1, dtype=torch.int64, device=DEV)
+    assert torch.equal(moe_experts(x, wgu, wd, slots, w).cpu(), torch.zeros(T, H))
+    slots[1, 0], w[1, 0] = 2, 0.5
+    got = moe_experts_auto(x, wgu, wd, slots, torch.nan_to_num(w))
+    _close(got, ref.moe_experts(x.cpu(), wgu.cpu(), wd.cpu(), slots.cpu(),
+                                torch.nan_to_num(w).cpu()), torch.float32)
+    assert got[0].abs().max() == 0 and got[1].abs().max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_moe_experts_decode_shape_gpu(dtype):
+    gen = torch.Generator().manual_seed(2)
+    T, K, H, I, S = 4, 8, 2048, 768, 12
+    wgu, wd = _pool_views(S, H, I, dtype, gen)
+    x = torch.randn(T, H, generator=gen).to(dtype).to(DEV)
+    slots = torch.randint(-1, S, (T, K), generator=gen)
+    w = torch.rand(T, K, generator=gen)
+    out = moe_experts(x, wgu, wd, slots.to(DEV), w.to(DEV))
+    _close(out, ref.moe_experts(x.double(), wgu.double(), wd.double(), slots.to(DEV),
+                                w.to(DEV).double()).float(), dtype)
+
+
+# ---------------------------------------------------------------- paged decode attention
+def _attn_case(B, Hq, Hkv, D, page, lens, dtype, gen):
+    max_pages = max((c + page - 1) // page for c in lens) + 1
+    P = B * max_pages + 1
+    k = torch.randn(P, page, Hkv, D, generator=gen)
+    v = torch.randn(P, page, Hkv, D, generator=gen)
+    k[0] = v[0] = float("nan")                     # poison page: never to be read
+    pt = torch.zeros(B, max_pages, dtype=torch.int32)
+    perm = torch.randperm(P - 1, generator=gen) + 1
+    for b, c in enumerate(lens):
+        n = (c + page - 1) // page
+        pt[b, :n] = perm[b * max_pages:b * max_pages + n]
+        k[pt[b, n - 1], c - (n - 1) * page:] = float("nan")    # tail of the last page
+        v[pt[b, n - 1], c - (n - 1) * page:] = float("nan")
+    q = torch.randn(B, Hq, D, generator=gen)
+    return [t.to(dtype) for t in (q, k, v)], pt
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,Hq,Hkv,D,page,lens,n_split", [
+    (3, 4, 2, 32, 4, [1, 13, 32], None), (3, 4, 2, 32, 4, [1, 13, 32], 1),
+    (3, 4, 2, 32, 4, [5, 16, 30], 3), (2, 2, 2, 24, 16, [40, 7], 2)])
+def test_paged_decode_attention_matches_ref(dtype, B, Hq, Hkv, D, page, lens, n_split):
+    _need(dtype)
+    gen = torch.Generator().manual_seed(3)
+    (q, k, v), pt = _attn_case(B, Hq, Hkv, D, page, lens, dtype, gen)
+    scale = D ** -0.5
+    out = paged_decode_attention(q.to(DEV), k.to(DEV), v.to(DEV), pt.to(DEV),
+                                 torch.tensor(lens, dtype=torch.int32, device=DEV), scale,
+                                 n_split=n_split, block_n=16)
+    ref32 = ref.paged_attention(q.float(), k.float(), v.float(), pt, [1] * B, lens, scale)
+    assert out.dtype == dtype and out.shape == (B, Hq, D)
+    _close(out, ref32, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_paged_decode_attention_long_gpu(dtype):
+    gen = torch.Generator().manual_seed(4)
+    lens = [4096, 1, 2500, 777]
+    (q, k, v), pt = _attn_case(4, 32, 4, 128, 16, lens, dtype, gen)
+    out = paged_decode_attention(q.to(DEV), k.to(DEV), v.to(DEV), pt.to(DEV),
+                                 torch.tensor(lens, dtype=torch.int32, device=DEV), 128 ** -0.5)
+    _close(out, ref.paged_attention(q.float(), k.float(), v.float(), pt, [1] * 4, lens,
+                                    128 ** -0.5), dtype)
+
+
+# ---------------------------------------------------------------- plan
+def _tables(L, E, S):
+    return [torch.full((n,), -1, dtype=torch.int64) for n in (L * E, S, S, L * E)]
+
+
+def _check_invariants(slot_of, owner_of, ids, layer, E, route):
+    res = (slot_of >= 0).nonzero().flatten()
+    assert torch.equal(owner_of[slot_of[res]], res)                # resident -> its slot
+    occ = (owner_of >= 0).nonzero().flatten()
+    assert torch.equal(slot_of[owner_of[occ]], occ)                # no slot double-booked
+    flat = ids + layer * E
+    placed = route >= 0
+    assert torch.equal(owner_of[route[placed]], flat[placed])      # a GPU route hits its expert
+    assert torch.equal(slot_of[flat[~placed]], torch.full_like(flat[~placed], -1))  # else CPU
+
+
+def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0):
+    """steps plan calls on random routing: kernel and ref.plan agree on every table and output."""
+    gen = torch.Generator().manual_seed(seed)
+    host = _tables(L, E, S)
+    dev = [t.clone().to(DEV) for t in host]                      # never aliases host
+    clock, qt = torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([q], device=DEV)
+    n_out = t_max * K
+    out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (n_out, n_out, 3)]
+    for step in range(1, steps + 1):
+        T = int(torch.randint(1, t_max + 1, (1,), generator=gen))
+        ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+        layer = int(torch.randint(0, L, (1,), generator=gen))
+        route = torch.empty(T, K, dtype=torch.int64, device=DEV)
+        plan(ids.to(DEV), layer, E, *dev, clock, qt, route, *out, block_s=block_s)
+        r_route, vic, fetch, hits, misses = ref.plan(ids, layer, E, *host, step, float(qt.item()))
+        f = vic.numel()
+        pad = torch.full((n_out - f,), -1, dtype=torch.int64)
+        assert clock.item() == step
+        assert out[2].tolist() == [hits, misses, f], step
+        assert torch.equal(route.cpu(), r_route), step
+        assert torch.equal(out[0].cpu(), torch.cat([vic, pad])), step
+        assert torch.equal(out[1].cpu(), torch.cat([fetch, pad])), step
+        for a, b in zip(dev, host):
+            assert torch.equal(a.cpu(), b), step
+        _check_invariants(host[0], host[1], ids, layer, E, r_route)
+    assert host[1].ge(0).all() == (q > 0)                          # the pool filled up iff q > 0
+
+
+@pytest.mark.parametrize("q", [0.0, 1.0, 0.37, 0.5])
+def test_plan_matches_ref_over_a_sequence(q):
+    _plan_sequence(q, L=3, E=8, K=3, S=10, t_max=3, steps=200, seed=int(q * 100))
+
+
+@pytest.mark.parametrize("q", [0.0, 0.37, 1.0])
+def test_plan_many_blocks_of_slots(q):
+    _plan_sequence(q, L=3, E=8, K=3, S=13, t_max=3, steps=40, block_s=4, seed=7)
+
+
+def test_plan_prefill_sized_step():
+    """T*K = 256 routes (the largest tile), several blocks of slots."""
+    _plan_sequence(0.6, L=2, E=64, K=8, S=100, t_max=32, steps=6, block_s=32, seed=8)
+
+
+def test_plan_split_fetch_and_capacity():
+    """F for every M of one step against ref.split_fetch, and the cap by unprotected slots."""
+    E, S = 16, 6
+    for q in (0.25, 0.5, 0.6, 0.9):
+        for M in (1, 3, 5, 8):
+            slot_of, owner_of, last_use, seen = (t.to(DEV) for t in _tables(1, E, S))
+            slot_of[:2], owner_of[:2] = torch.arange(2), torch.arange(2)    # experts 0, 1 hit
+            ids = torch.arange(M + 2).view(1, -1)
+            out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (M + 2, M + 2, M + 2, 3)]
+            plan(ids.to(DEV), 0, E, slot_of, owner_of, last_use, seen,
+                 torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([q], device=DEV),
+                 out[0].view(1, -1), *out[1:])
+            f = min(ref.split_fetch(M, float(torch.tensor(q))), S - 2)
+            assert out[3].tolist() == [2, M, f], (q, M)
+            assert set(out[1][:f].tolist()) == set(range(2, 2 + f))   # LRU: empty slots first
