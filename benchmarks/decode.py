@@ -90,8 +90,10 @@ def memory_hog(stop, nbytes: int) -> None:
         buf.sum()
 
 
-def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], policies: list[str], routing: str,
-        tokens: int, repeats: int, prompt_tokens: int, prof: dict, contention: int = 0) -> list[dict]:
+def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], policies: list[str],
+        routings: list[str], tokens: int, repeats: int, prompt_tokens: int, prof: dict,
+        contention: int = 0) -> list[dict]:
+    """One row per (load, routing, budget, policy), all on the same engine and prompt."""
     prompt = torch.randint(0, engine.cfg.vocab_size, (prompt_tokens,),
                            generator=torch.Generator().manual_seed(0)).tolist()
     dense, hbm = dense_bytes(engine), hbm_gbps(engine)
@@ -103,11 +105,12 @@ def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], po
                      for _ in range(contention)]
             [p.start() for p in procs]
             time.sleep(1.0)
-        for budget, pol in ((b, p) for b in budgets for p in policies):
+        for routing, budget, pol in ((r, b, p) for r in routings for b in budgets for p in policies):
             online = pol != "adaptive-fixed"
             cfg = replace(base, expert_budget=budget, moe_policy="adaptive" if pol == "adaptive-fixed" else pol)
             row = measure_policy(engine, store, cfg, routing, prompt, tokens, repeats, prof, online)
             row["load"] = f"{contention} hog(s)" if load else "none"
+            row["routing"] = routing.split("/")[-1]
             row["budget_gib"] = engine.runtime.cache.n_slots * store.layout.slot_bytes / 2**30
             row["slots"] = engine.runtime.cache.n_slots
             row["bound_tok_s"] = bound(row, prof, dense, hbm)

@@ -137,6 +137,8 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
     if old is not None:
         old.cache.pool = old.cache.w = None  # free device memory before allocating the new pool
         engine.runtime = None
+        if engine.device.type == "cuda":
+            torch.cuda.empty_cache()
     slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, engine.device,
                          reserve=GiB + engine.kv.bytes // 8)
     cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device)

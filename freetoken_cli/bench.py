@@ -20,7 +20,7 @@ def decode(model: Optional[str] = ModelArg,
            expert_budget: str = typer.Option("auto", help="expert cache size(s), comma list: 4GiB,8GiB,auto"),
            cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads"),
            moe_policy: str = typer.Option("adaptive,fetch,cpu", help="comma list; adaptive-fixed = q* never re-estimated"),
-           routing: str = typer.Option("model", help="model | uniform | trace:FILE"),
+           routing: str = typer.Option("model", help="comma list of model | uniform | trace:FILE"),
            tokens: int = typer.Option(64, help="decode tokens per repeat"),
            repeats: int = typer.Option(3, help="repeats per policy (median reported)"),
            prompt_tokens: int = typer.Option(32, help="prompt length"),
@@ -43,8 +43,8 @@ def decode(model: Optional[str] = ModelArg,
     cfg = replace(cfg, expert_budget=budgets[0])
     engine = load_synthetic(cfg, synthetic, layers) if synthetic else load_engine(cfg, ensure_ftw(model))
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
-    rows = run(engine, engine.runtime.store, cfg, budgets, policies, routing, tokens, repeats, prompt_tokens, prof,
-               contention)
+    rows = run(engine, engine.runtime.store, cfg, budgets, policies, routing.split(","), tokens, repeats,
+               prompt_tokens, prof, contention)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
@@ -57,11 +57,11 @@ def _table(rows: list[dict], prof: dict, engine, cfg) -> None:
     mib = 2**20
     t = Table(title=f"decode: {engine.cfg.num_layers} layers x {engine.cfg.num_experts} experts, "
                     f"top-{engine.cfg.router.top_k}, expert {engine.runtime.store.layout.slot_bytes / mib:.1f} MiB")
-    for col in ("budget GiB", "policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
+    for col in ("routing", "budget GiB", "policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
                 "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
-        t.add_column(col, justify="left" if col in ("policy", "load") else "right")
+        t.add_column(col, justify="left" if col in ("routing", "policy", "load") else "right")
     for r in rows:
-        t.add_row(f"{r['budget_gib']:.1f}", r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
+        t.add_row(r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
                   f"{r['cpu']:.2f}", f"{r['bytes_filled'] / mib:.1f}", f"{r['bytes_cpu'] / mib:.1f}",
                   f"{r['q_star']:.2f}", f"{r['bound_tok_s']:.2f}", f"{r['ratio']:.0%}")
     con = Console(width=max(150, Console().width))

@@ -59,7 +59,7 @@ def test_estimator_moves_q_under_contention():
     assert est.q_star > 0.75
 
 
-def test_profile_json_without_gpu():
+def test_profile_json():
     from typer.testing import CliRunner
 
     from freetoken_cli.main import app
@@ -68,6 +68,9 @@ def test_profile_json_without_gpu():
     res = json.loads(r.stdout.strip().splitlines()[-1])
     for key in ("h2d_gbps", "cpu_expert_gbps", "h2d_concurrent_gbps", "cpu_expert_concurrent_gbps", "q_star", "machine"):
         assert key in res
-    assert res["h2d_gbps"] is None and res["h2d_concurrent_gbps"] is None and res["q_star"] == 0
+    if torch.cuda.is_available():
+        assert res["h2d_gbps"] > 1 and 0 < res["q_star"] < 1 and res["machine"]["gpu"]
+    else:
+        assert res["h2d_gbps"] is None and res["h2d_concurrent_gbps"] is None and res["q_star"] == 0
     assert res["cpu_expert_gbps"] > 0.05
     assert {"gpu", "cpu", "physical_cores", "ram_gib", "pcie_gen", "pcie_width"} <= set(res["machine"])

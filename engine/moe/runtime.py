@@ -65,11 +65,12 @@ class ExpertRuntime:
         self._update_q()
         route, victims, fetch, hits, misses = ref.plan(ids_h, layer, c.n_experts, c.slot_of, c.owner_of,
                                                        c.last_use, c.seen, c.clock, self.policy.q(layer, prefill))
-        self._fill(layer, victims, fetch)
         cpu_ids = torch.where(route < 0, ids_h, -1)
         n_cpu = misses - len(victims)
         self._count(hits, misses, n_cpu)
+        # the CPU branch starts before the fills are queued: x.cpu() would otherwise wait for them
         job = self._submit_cpu(layer, x, cpu_ids, weights, n_cpu) if n_cpu else None
+        self._fill(layer, victims, fetch)
         out = self._experts(x, c.w["gate_up"], c.w["down"], route.to(x.device), weights, self.act)
         if job is not None:
             fut, out_h, t0 = job

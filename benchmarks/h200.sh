@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
+# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | decode-a | decode-b.
+set -u
+part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD FREETOKEN_CACHE=/tmp/ftcache
+ft() { python3 -m freetoken_cli.main "$@"; }
+shape="--synthetic qwen3-30b-a3b --cpu-threads 8 --tokens 32 --repeats 3"
+case $part in
+tests)
+  nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv > "$out/env.txt"
+  python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" >> "$out/env.txt"
+  lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Flags" | cut -c1-300 >> "$out/env.txt"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_triton_kernels.py \
+    tests/test_parity.py tests/test_expert_memory.py tests/test_policies.py tests/test_cpu_executor.py \
+    tests/test_radix.py tests/test_ftw.py > "$out/gpu_tests.txt" 2>&1
+  tail -5 "$out/gpu_tests.txt"
+  ft profile --json --cpu-threads 8 > "$out/profile.json" 2> "$out/profile.err"; cat "$out/profile.json"
+  python3 -c "from kernels.moe_triton import bench_moe; from kernels.attention_triton import bench_attention
+from kernels.plan_triton import bench_plan; print(bench_moe()); print(bench_attention()); print(bench_plan())" > "$out/kernels.txt" 2>&1
+  tail -3 "$out/kernels.txt" ;;
+decode-a)  # issue 2 (8 GiB vs all resident) and issue 4 with the model's own routing
+  ft bench decode $shape --expert-budget 4GiB,8GiB,16GiB,auto --moe-policy adaptive,fetch,cpu,static:auto \
+    --routing model > "$out/decode_a.txt" 2>&1; cat "$out/decode_a.txt" ;;
+decode-b)  # issue 4: a trace with locality, and a competing host-memory load
+  python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
+  ft bench decode $shape --expert-budget 4GiB,8GiB,16GiB --moe-policy adaptive,fetch,cpu,static:auto \
+    --routing trace:/tmp/trace.npy > "$out/decode_b.txt" 2>&1; cat "$out/decode_b.txt"
+  ft bench decode $shape --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed --routing trace:/tmp/trace.npy \
+    --contention 6 > "$out/decode_c.txt" 2>&1; cat "$out/decode_c.txt" ;;
+esac

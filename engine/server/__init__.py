@@ -1,0 +1,1 @@
+"""HTTP serving: OpenAI, Responses and Anthropic APIs, and the output parsers they share."""

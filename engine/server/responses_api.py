@@ -1,0 +1,158 @@
+"""OpenAI Responses wire format: POST /v1/responses, the API Codex CLI speaks.
+
+A stream is `response.created`, `response.in_progress`, then per output item (reasoning,
+message, function_call) `response.output_item.added`, its deltas (`response.reasoning_text.delta`,
+`response.output_text.delta`, `response.function_call_arguments.delta`) and
+`response.output_item.done`, and finally `response.completed` (or `response.incomplete` at the
+token limit, `response.failed` on error) carrying usage with `input_tokens_details.cached_tokens`.
+Tools of types other than `function` (web_search, ...) are ignored. The non-streaming answer is
+the final response object of the same state machine."""
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Depends, Request
+
+from engine.server import messages as m
+from engine.server.app import Server, get_server
+from engine.server.openai_api import Body, tool_choice
+from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
+from engine.server.sse import EventStream, Job, encode, events, sse
+from engine.serving import Finish
+
+router = APIRouter()
+
+
+class ResponsesRequest(Body):
+    model: str | None = None
+    input: str | list[dict]
+    instructions: str | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    stream: bool = False
+    max_output_tokens: int | None = None
+    temperature: float | None = 1.0
+    top_p: float | None = None
+    previous_response_id: str | None = None
+
+
+@router.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request, s: Server = Depends(get_server)):
+    if body.previous_response_id:
+        raise m.APIError(400, "previous_response_id is not supported (responses are not stored); "
+                         "send the whole conversation as input", param="previous_response_id")
+    tools, enabled = m.choose_tools(m.responses_tools(body.tools or []), *tool_choice(body.tool_choice))
+    ids = s.render(m.responses_messages(body.instructions, body.input), tools)
+    job = s.job(request, ids, body.model, enabled, max_tokens=body.max_output_tokens,
+                temperature=body.temperature, top_p=body.top_p)
+    state = ResponseStream(job, body.tools or [])
+    if body.stream:
+        return EventStream(encode(state, events(s.engine, job)))
+    async for _ in encode(state, events(s.engine, job)):  # the same state machine, events unused
+        pass
+    if state.failed:
+        raise state.failed
+    return state.response
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+class ResponseStream:
+    """Builds the response's output items from parser events and emits the matching events."""
+
+    def __init__(self, job: Job, tools: list[dict]):
+        self.job, self.seq = job, 0
+        self.response = {"id": f"resp_{job.id}", "object": "response", "created_at": job.created,
+                         "status": "in_progress", "model": job.model, "output": [], "usage": None, "error": None,
+                         "incomplete_details": None, "parallel_tool_calls": True, "tool_choice": "auto",
+                         "tools": tools, "text": {"format": {"type": "text"}}}
+        self.item: dict | None = None  # the output item being streamed
+        self.failed: m.APIError | None = None
+
+    def emit(self, kind: str, **data) -> str:
+        self.seq += 1
+        return sse({"type": kind, "sequence_number": self.seq - 1, **data}, kind)
+
+    def head(self) -> list[str]:
+        return [self.emit("response.created", response=self.response),
+                self.emit("response.in_progress", response=self.response)]
+
+    def where(self) -> dict:
+        return {"item_id": self.item["id"], "output_index": len(self.response["output"]) - 1}
+
+    def event(self, ev: Event) -> list[str]:
+        out: list[str] = []
+        if isinstance(ev, ReasoningDelta):
+            out += self.open("reasoning")
+            self.item["content"][0]["text"] += ev.text
+            out.append(self.emit("response.reasoning_text.delta", **self.where(), content_index=0, delta=ev.text))
+        elif isinstance(ev, TextDelta):
+            out += self.open("message")
+            self.item["content"][0]["text"] += ev.text
+            out.append(self.emit("response.output_text.delta", **self.where(), content_index=0, delta=ev.text,
+                                 logprobs=[]))
+        elif isinstance(ev, ToolCallStart):
+            out += self.close() + self.open("function_call", call_id=ev.id, name=ev.name)
+        elif isinstance(ev, ToolCallArgsDelta):
+            self.item["arguments"] += ev.text
+            out.append(self.emit("response.function_call_arguments.delta", **self.where(), delta=ev.text))
+        elif isinstance(ev, ToolCallEnd):
+            self.item["arguments"] = ev.arguments
+            out += self.close()
+        return out
+
+    def open(self, kind: str, **fields) -> list[str]:
+        if self.item is not None and self.item["type"] == kind and kind != "function_call":
+            return []
+        out = self.close()
+        if kind == "message":
+            self.item = {"id": _id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+        elif kind == "reasoning":
+            self.item = {"id": _id("rs"), "type": "reasoning", "summary": [], "content": []}
+        else:
+            self.item = {"id": _id("fc"), "type": "function_call", "status": "in_progress", "arguments": "", **fields}
+        self.response["output"].append(self.item)
+        out.append(self.emit("response.output_item.added", output_index=len(self.response["output"]) - 1,
+                             item=self.item))
+        part = {"message": {"type": "output_text", "text": "", "annotations": []},
+                "reasoning": {"type": "reasoning_text", "text": ""}}.get(kind)
+        if part:
+            out.append(self.emit("response.content_part.added", **self.where(), content_index=0, part=part))
+            self.item["content"].append(dict(part))
+        return out
+
+    def close(self) -> list[str]:
+        item, out = self.item, []
+        if item is None:
+            return out
+        if item["type"] == "function_call":
+            out.append(self.emit("response.function_call_arguments.done", **self.where(),
+                                 name=item["name"], arguments=item["arguments"]))
+        else:
+            kind, part = "output_text" if item["type"] == "message" else "reasoning_text", item["content"][0]
+            out.append(self.emit(f"response.{kind}.done", **self.where(), content_index=0, text=part["text"]))
+            out.append(self.emit("response.content_part.done", **self.where(), content_index=0, part=part))
+        if "status" in item:
+            item["status"] = "completed"
+        out.append(self.emit("response.output_item.done", output_index=self.where()["output_index"], item=item))
+        self.item = None
+        return out
+
+    def tail(self, fin: Finish) -> list[str]:
+        out = self.close()
+        r = self.response
+        r["usage"] = {"input_tokens": fin.prompt_tokens, "input_tokens_details": {"cached_tokens": fin.cached_tokens},
+                      "output_tokens": fin.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": fin.prompt_tokens + fin.completion_tokens}
+        if fin.reason == "length":
+            r["status"], r["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
+            return out + [self.emit("response.incomplete", response=r)]
+        r["status"] = "completed"
+        return out + [self.emit("response.completed", response=r)]
+
+    def error(self, err: m.APIError) -> list[str]:
+        self.failed = err
+        self.response.update(status="failed", error={"code": err.code or err.kind, "message": err.message})
+        return [self.emit("response.failed", response=self.response)]
