@@ -18,18 +18,21 @@ from engine.scheduler import Scheduler, Sequence
 
 def decode_once(engine: Engine, prompt: list[int], tokens: int) -> tuple[float, dict]:
     """Prefill `prompt`, then time `tokens` decode steps -> (seconds, decode-only cache counters)."""
-    sched = Scheduler(engine.model, engine.kv, set(), 1, 4096, engine.max_context)
+    sched = Scheduler(engine, set(), 1, 4096)
     sched.prefix.match = lambda toks: []  # every repeat prefills from scratch
     seq = Sequence(list(prompt), SamplingParams(max_tokens=tokens + 1, ignore_eos=True))
     sched.add(seq)
     sched.step()  # prefill + first token
     sync(engine)
+    engine.runtime.sync_stats()
     st = engine.runtime.cache.stats
     before, t0 = replace(st), time.perf_counter()
     while not seq.finish:
         sched.step()
     sync(engine)
-    return time.perf_counter() - t0, {k: getattr(st, k) - getattr(before, k) for k in COUNTERS}
+    seconds = time.perf_counter() - t0
+    engine.runtime.sync_stats()
+    return seconds, {k: getattr(st, k) - getattr(before, k) for k in COUNTERS}
 
 
 COUNTERS = ("hits", "misses", "fetched", "cpu", "bytes_filled", "bytes_cpu")
@@ -68,7 +71,7 @@ def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, pr
     runs = [decode_once(engine, prompt, tokens) for _ in range(repeats)]
     times, n = [t for t, _ in runs], repeats * tokens
     d = {k: sum(c[k] for _, c in runs) / n for k in COUNTERS}
-    return {"policy": config.moe_policy + ("" if online else " (fixed q*)"), "tok_s": tokens / statistics.median(times),
+    return {"policy": config.moe_policy + ("" if online else " (fixed q*)"), "graph": engine.graphs is not None, "tok_s": tokens / statistics.median(times),
             "hit_rate": d["hits"] / max(1e-9, d["hits"] + d["misses"]), **d, "q_star": rt.policy.q_star,
             "hit_bytes": d["hits"] * store.layout.slot_bytes}
 
@@ -91,9 +94,9 @@ def memory_hog(stop, nbytes: int) -> None:
 
 
 def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], policies: list[str],
-        routings: list[str], tokens: int, repeats: int, prompt_tokens: int, prof: dict,
-        contention: int = 0) -> list[dict]:
-    """One row per (load, routing, budget, policy), all on the same engine and prompt."""
+        routings: list[str], graphs: list[bool | None], tokens: int, repeats: int, prompt_tokens: int,
+        prof: dict, contention: int = 0) -> list[dict]:
+    """One row per (load, graph, routing, budget, policy), all on the same engine and prompt."""
     prompt = torch.randint(0, engine.cfg.vocab_size, (prompt_tokens,),
                            generator=torch.Generator().manual_seed(0)).tolist()
     dense, hbm = dense_bytes(engine), hbm_gbps(engine)
@@ -105,9 +108,11 @@ def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], po
                      for _ in range(contention)]
             [p.start() for p in procs]
             time.sleep(1.0)
-        for routing, budget, pol in ((r, b, p) for r in routings for b in budgets for p in policies):
+        for graph, routing, budget, pol in ((g, r, b, p) for g in graphs for r in routings for b in budgets
+                                            for p in policies):
             online = pol != "adaptive-fixed"
-            cfg = replace(base, expert_budget=budget, moe_policy="adaptive" if pol == "adaptive-fixed" else pol)
+            cfg = replace(base, expert_budget=budget, graph=graph,
+                          moe_policy="adaptive" if pol == "adaptive-fixed" else pol)
             row = measure_policy(engine, store, cfg, routing, prompt, tokens, repeats, prof, online)
             row["load"] = f"{contention} hog(s)" if load else "none"
             row["routing"] = routing.split("/")[-1]

@@ -19,6 +19,12 @@ tests)
   python3 -c "from kernels.moe_triton import bench_moe; from kernels.attention_triton import bench_attention
 from kernels.plan_triton import bench_plan; print(bench_moe()); print(bench_attention()); print(bench_plan())" > "$out/kernels.txt" 2>&1
   tail -3 "$out/kernels.txt" ;;
+graphs)  # graph decode: GPU tests, then graph vs eager rows
+  timeout 300 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py \
+    tests/test_triton_kernels.py tests/test_parity.py tests/test_policies.py > "$out/gpu_tests.txt" 2>&1
+  tail -15 "$out/gpu_tests.txt"
+  ft bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu --graph on,off \
+    --routing model > "$out/decode_graph.txt" 2>&1; cat "$out/decode_graph.txt" ;;
 decode-a)  # issue 2 (8 GiB vs all resident) and issue 4 with the model's own routing
   ft bench decode $shape --expert-budget 4GiB,8GiB,16GiB,auto --moe-policy adaptive,fetch,cpu,static:auto \
     --routing model > "$out/decode_a.txt" 2>&1; cat "$out/decode_a.txt" ;;

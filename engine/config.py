@@ -58,6 +58,7 @@ class EngineConfig:
     page_size: int = 16                 # tokens per KV page
     kv_tokens: int | None = None        # KV pool size in tokens; None = max_context * max_running
     verify: bool = False                # verify FTW checksums at load
+    graph: bool | None = None           # device-resident control + CUDA-graph decode; None = on CUDA
 
 
 @dataclass(frozen=True)

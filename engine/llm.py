@@ -58,16 +58,17 @@ class LLM:
             self.engine.runtime.set_bandwidths(prof["h2d_concurrent_gbps"] or 0.0, prof["cpu_expert_concurrent_gbps"])
         self.tokenizer = Tokenizer(path)
         e = self.engine
-        self.scheduler = Scheduler(e.model, e.kv, self.tokenizer.eos_ids, config.max_running,
-                                   config.prefill_chunk, e.max_context)
+        self.scheduler = Scheduler(e, self.tokenizer.eos_ids, config.max_running, config.prefill_chunk)
         self.stats = GenStats()
 
     @property
     def cache_stats(self) -> CacheStats:
+        self.engine.runtime.sync_stats()
         return self.engine.runtime.cache.stats
 
     def server_stats(self) -> dict:
         t, c = self.scheduler.totals, self.engine.runtime.cache
+        self.engine.runtime.sync_stats()
         return {"prefill_tok_s": t["prefill_tokens"] / t["prefill_s"] if t["prefill_s"] else 0.0,
                 "decode_tok_s": t["decode_tokens"] / t["decode_s"] if t["decode_s"] else 0.0,
                 **t, "expert_hit_rate": c.stats.hit_rate, **asdict(c.stats),

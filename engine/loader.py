@@ -20,7 +20,7 @@ from engine.moe.cache import ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
 from engine.moe.policy import MissPolicy
 from engine.moe.runtime import ExpertRuntime
-from engine.moe.store import HostExpertStore, pin_
+from engine.moe.store import HostExpertStore
 
 GiB = 2**30
 
@@ -32,8 +32,15 @@ class Engine:
     kv: KVPool
     runtime: ExpertRuntime | None
     device: torch.device
-    path: Path
+    path: Path | None
     max_context: int
+    graphs: object = None        # engine.graphs.DecodeGraphs when decode runs as CUDA graphs
+
+    def forward(self, batch, kv) -> torch.Tensor:
+        """One step: a captured graph for decode batches when one fits, else eager."""
+        self.runtime.before_step()
+        out = self.graphs.run(batch) if self.graphs is not None else None
+        return out if out is not None else self.model(batch, kv)
 
 
 def pick_device(name: str) -> torch.device:
@@ -92,7 +99,7 @@ def load_engine(config: EngineConfig, path: Path, progress: Callable[[str, int, 
         done[0] += n
         if progress:
             progress("experts", done[0], total)
-    store = HostExpertStore.load(reader, cfg.moe_layer_ids, layout, device.type == "cuda", tick)
+    store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, device.type == "cuda", tick)
     return assemble(config, cfg, model, store, device, dtype, path)
 
 
@@ -110,11 +117,11 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     model.to(device, dtype).requires_grad_(False)
     model.rope = Rope(cfg.rope, cfg.head_dim, device)
     layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, DTYPES[cfg.dtype])
-    banks = random_banks(cfg.num_layers, cfg.num_experts, layout, DTYPES[cfg.dtype], gen)
+    store = HostExpertStore.empty(cfg.num_layers, cfg.num_experts, layout)
+    random_banks(store, DTYPES[cfg.dtype], gen)
     if device.type == "cuda":
-        for b in banks:
-            pin_(b)
-    return assemble(config, cfg, model, HostExpertStore(banks, layout), device, dtype, None)
+        store.pin()
+    return assemble(config, cfg, model, store, device, dtype, None)
 
 
 def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: HostExpertStore,
@@ -134,15 +141,19 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
     """(Re)build the device expert cache and runtime for config's budget and policy. The host
     store is untouched; the old cache is freed first."""
     cfg, layout, old = engine.cfg, store.layout, engine.runtime
+    if engine.graphs is not None:
+        engine.kv.release([engine.graphs.page])
     if old is not None:
+        old.close()
         old.cache.pool = old.cache.w = None  # free device memory before allocating the new pool
-        engine.runtime = None
+        engine.runtime = engine.graphs = None
         if engine.device.type == "cuda":
             torch.cuda.empty_cache()
     slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, engine.device,
                          reserve=GiB + engine.kv.bytes // 8)
-    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device)
     policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
+    graph = use_graphs(config, engine.device)
+    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device, device_tables=graph)
     runtime = ExpertRuntime(store, cache, policy, config.cpu_threads)
     runtime._cpu = old._cpu if old is not None else None  # keep the worker pool
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
@@ -150,4 +161,17 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
     for block in engine.model.moe_blocks():
         block.runtime = runtime
     engine.runtime = runtime
+    if graph:
+        from engine.moe.device_control import DeviceControl
+        runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
+        if engine.device.type == "cuda":
+            from engine.graphs import DecodeGraphs
+            engine.graphs = DecodeGraphs(engine.model, engine.kv, -(-engine.max_context // engine.kv.page_size),
+                                         range(1, config.max_running + 1))
     return runtime
+
+
+def use_graphs(config: EngineConfig, device: torch.device) -> bool:
+    """Device-resident control with CUDA graphs: the default on CUDA; on the CPU only when asked
+    (tests of the same control logic, no capture)."""
+    return device.type == "cuda" if config.graph is None else config.graph

@@ -43,11 +43,10 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, model, kv, eos_ids: set[int], max_running: int, prefill_chunk: int,
-                 max_context: int):
-        self.model, self.kv, self.eos = model, kv, eos_ids
-        self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, max_context
-        self.prefix = RadixCache(kv)
+    def __init__(self, engine, eos_ids: set[int], max_running: int, prefill_chunk: int):
+        self.engine, self.kv, self.eos = engine, engine.kv, eos_ids
+        self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, engine.max_context
+        self.prefix = RadixCache(self.kv)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0)
@@ -97,8 +96,8 @@ class Scheduler:
         for s, n in plan:
             self._reserve(s, n)
         batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.pages) for s, n in plan],
-                                   self.kv.page_size, self.model.lm_head.weight.device)
-        logits = self.model(batch, self.kv)
+                                   self.kv.page_size, self.engine.device)
+        logits = self.engine.forward(batch, self.kv)
         out = []
         for (s, n), row in zip(plan, logits):
             s.n_cached += n

@@ -38,16 +38,12 @@ def random_dense(model: torch.nn.Module, gen: torch.Generator) -> None:
         p.data.copy_(data.to(p.dtype))
 
 
-def random_banks(n_layers: int, n_experts: int, layout, dtype: torch.dtype, gen: torch.Generator,
-                 distinct: int = 32) -> list[torch.Tensor]:
-    from ftw import aligned_empty
+def random_banks(store, dtype: torch.dtype, gen: torch.Generator, distinct: int = 32) -> None:
+    """Fill the store's rows from a pool of `distinct` random experts (varied per layer)."""
+    layout = store.layout
     pool = torch.zeros(distinct, layout.slot_bytes, dtype=torch.uint8)
     for v in layout.views(pool).values():
         v.copy_((torch.randn(v.shape, generator=gen) * 0.02).to(dtype))
-    banks = []
-    for layer in range(n_layers):
-        bank = aligned_empty((n_experts, layout.slot_bytes), torch.uint8)
-        idx = (torch.arange(n_experts) * 7 + layer * 13) % distinct  # varied per layer
+    for layer, bank in enumerate(store.banks):
+        idx = (torch.arange(bank.shape[0]) * 7 + layer * 13) % distinct
         torch.index_select(pool, 0, idx, out=bank)
-        banks.append(bank)
-    return banks

@@ -26,6 +26,7 @@ def decode(model: Optional[str] = ModelArg,
            prompt_tokens: int = typer.Option(32, help="prompt length"),
            contention: int = typer.Option(0, help="also measure with N processes streaming through host RAM"),
            device: str = typer.Option("auto", help="cuda | cpu | auto"),
+           graph: str = typer.Option("on", help="comma list of on | off: CUDA-graph decode rows, eager rows"),
            max_context: int = typer.Option(4096, help="context length"),
            as_json: bool = typer.Option(False, "--json", help="print rows as JSON")):
     """Decode tok/s for each miss policy, with hit rate, traffic and the bound."""
@@ -43,7 +44,8 @@ def decode(model: Optional[str] = ModelArg,
     cfg = replace(cfg, expert_budget=budgets[0])
     engine = load_synthetic(cfg, synthetic, layers) if synthetic else load_engine(cfg, ensure_ftw(model))
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
-    rows = run(engine, engine.runtime.store, cfg, budgets, policies, routing.split(","), tokens, repeats,
+    graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
+    rows = run(engine, engine.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
                prompt_tokens, prof, contention)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
@@ -57,11 +59,11 @@ def _table(rows: list[dict], prof: dict, engine, cfg) -> None:
     mib = 2**20
     t = Table(title=f"decode: {engine.cfg.num_layers} layers x {engine.cfg.num_experts} experts, "
                     f"top-{engine.cfg.router.top_k}, expert {engine.runtime.store.layout.slot_bytes / mib:.1f} MiB")
-    for col in ("routing", "budget GiB", "policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
+    for col in ("graph", "routing", "budget GiB", "policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
                 "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
         t.add_column(col, justify="left" if col in ("routing", "policy", "load") else "right")
     for r in rows:
-        t.add_row(r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
+        t.add_row("on" if r["graph"] else "off", r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
                   f"{r['cpu']:.2f}", f"{r['bytes_filled'] / mib:.1f}", f"{r['bytes_cpu'] / mib:.1f}",
                   f"{r['q_star']:.2f}", f"{r['bound_tok_s']:.2f}", f"{r['ratio']:.0%}")
     con = Console(width=max(150, Console().width))

@@ -32,11 +32,14 @@ def user_errors(fn):
 
 
 def engine_config(model: Optional[str], device: str, expert_budget: str, moe_policy: str,
-                  cpu_threads: Optional[int], max_context: int, **extra):
+                  cpu_threads: Optional[int], max_context: int, no_graph: bool = False, **extra):
     from engine.config import EngineConfig, parse_policy, parse_size
     return EngineConfig(model=model, device=device, expert_budget=parse_size(expert_budget),
                         moe_policy=parse_policy(moe_policy), cpu_threads=cpu_threads,
-                        max_context=max_context, **extra)
+                        max_context=max_context, graph=False if no_graph else None, **extra)
+
+
+NoGraph = typer.Option(False, "--no-graph", help="eager decode (no CUDA graphs, host-side expert control)")
 
 
 class Progress:

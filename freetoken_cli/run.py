@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import ModelArg, Progress, engine_config, user_errors
+from freetoken_cli.common import ModelArg, NoGraph, Progress, engine_config, user_errors
 
 
 @user_errors
@@ -26,6 +26,7 @@ def run(model: Optional[str] = ModelArg,
         moe_policy: str = typer.Option("adaptive", help="miss policy: adaptive | fetch | cpu | static:N"),
         cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)"),
         max_context: int = typer.Option(32768, help="context length in tokens"),
+        no_graph: bool = NoGraph,
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="print stats to stderr")):
     """Chat in a terminal, or answer one prompt (--prompt and/or piped stdin) printing only the answer."""
@@ -35,7 +36,7 @@ def run(model: Optional[str] = ModelArg,
     text = None if interactive else _read_prompt(prompt)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, ignore_eos=ignore_eos)
-    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
+    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context, no_graph)
     bar = Progress(quiet=as_json)
     try:
         llm = LLM(cfg, bar, say=lambda m: typer.echo(m, err=True) if verbose else None)

@@ -38,7 +38,10 @@ def _build() -> ctypes.CDLL:
                           ("submit", [p] * 7 + [i] * 5 + [ctypes.c_int64] * 2 + [i] * 3, p),
                           ("wait", [p, ctypes.c_double], i), ("error", [p], ctypes.c_char_p),
                           ("free", [p], None), ("cpu_features", [], i),
-                          ("seconds", [p], ctypes.c_double)]:
+                          ("seconds", [p], ctypes.c_double),
+                          ("poller_start", [p] * 9 + [i] * 5 + [ctypes.c_int64] * 2 + [i] * 2, p),
+                          ("poller_stop", [p], None), ("poller_stats", [p, p], i),
+                          ("poller_error", [p], ctypes.c_char_p)]:
         getattr(lib, "ftmoe_" + fn).argtypes, getattr(lib, "ftmoe_" + fn).restype = args, res
     return lib
 
@@ -168,6 +171,29 @@ class CPUExecutor:
             raise MemoryError("CPU expert executor: could not allocate the job's buffers")
         return CPUFuture(self._lib, job, (xa, w_gate_up, w_down, ids, weights, out))
 
+    def act_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
+        """The activation dtype the C++ path reads (bf16 for the AVX-512 BF16 dot products)."""
+        return torch.bfloat16 if self.backend == "avx512_bf16" and weight_dtype == torch.bfloat16 else torch.float32
+
+    def poller(self, go: torch.Tensor, done: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
+               weights: torch.Tensor, out: torch.Tensor, gate_up: list, down: list) -> "Poller":
+        """Serve a CUDA graph's CPU branch: see cpu_moe.cpp's Poller. x [Tmax, H] (act_dtype),
+        ids [Tmax, K] int64, weights [Tmax, K] fp32, out [Tmax, H] fp32 and the int32 flags live
+        in pinned memory; gate_up / down are the per-layer bank views [E, 2I, H] / [E, H, I]."""
+        if self._pool is None:
+            raise RuntimeError("the in-graph CPU branch needs the C++ executor")
+        dt = gate_up[0].dtype
+        assert x.dtype == self.act_dtype(dt) and ids.dtype == torch.int64 and out.dtype == torch.float32
+        mode = {"avx512_bf16": 0 if dt == torch.bfloat16 else 1, "avx2_fma": 1, "scalar": 2}[self.backend]
+        arr = ctypes.c_void_p * len(gate_up)
+        esz = gate_up[0].element_size()
+        handle = self._lib.ftmoe_poller_start(
+            self._pool, go.data_ptr(), done.data_ptr(), x.data_ptr(), ids.data_ptr(), weights.data_ptr(),
+            out.data_ptr(), arr(*[w.data_ptr() for w in gate_up]), arr(*[w.data_ptr() for w in down]),
+            len(gate_up), x.shape[1], down[0].shape[2], gate_up[0].shape[0], ids.shape[1],
+            gate_up[0].stride(0) * esz, down[0].stride(0) * esz, _DTYPES[dt], mode)
+        return Poller(self._lib, handle, (go, done, x, ids, weights, out, gate_up, down))
+
     def run(self, x, w_gate_up, w_down, ids, weights, out) -> None:
         self.submit(x, w_gate_up, w_down, ids, weights, out).wait()
 
@@ -176,5 +202,26 @@ class CPUExecutor:
         if getattr(self, "_pool", None) is not None:
             self._lib.ftmoe_pool_destroy(self._pool)
             self._pool = None
+
+    __del__ = close
+
+
+class Poller:
+    """A running CPU-branch poller; `stats()` returns (jobs, experts, seconds) since the last call
+    and raises if a job failed."""
+
+    def __init__(self, lib, handle, keep: tuple):
+        self._lib, self._h, self._keep = lib, handle, keep
+
+    def stats(self) -> tuple[int, int, float]:
+        buf = (ctypes.c_int64 * 3)()
+        if self._lib.ftmoe_poller_stats(self._h, buf):
+            raise RuntimeError(f"CPU expert branch: {self._lib.ftmoe_poller_error(self._h).decode()}")
+        return buf[0], buf[1], buf[2] / 1e9
+
+    def close(self) -> None:
+        if self._h is not None:
+            self._lib.ftmoe_poller_stop(self._h)
+            self._h = None
 
     __del__ = close

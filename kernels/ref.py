@@ -115,3 +115,11 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     last_use[slots[hit]] = clock
     seen[uniq] = clock
     return slot_of[flat].view_as(ids), victims, fetch - layer * n_experts, int(hit.sum()), miss.numel()
+
+
+def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch: torch.Tensor,
+              base: int) -> None:
+    """dst[victims[i]] = src[base + fetch[i]] for every i with victims[i] >= 0 (rows of bytes)."""
+    for v, f in zip(victims.tolist(), fetch.tolist()):
+        if v >= 0:
+            dst[v].copy_(src[base + f], non_blocking=True)

@@ -88,3 +88,21 @@ def test_split_fetch_matches_brute_force(q):
             assert cost[f] == pytest.approx(min(cost))
         else:
             assert f == (m if q == 1 else 0)
+
+
+def test_host_tables_match_reference_plan():
+    """The eager path's O(K) planner makes exactly the reference's decisions."""
+    from engine.moe.tables import HostTables
+    g = torch.Generator().manual_seed(1)
+    for S, q in ((9, 1.0), (12, 0.4), (10, 0.0), (16, 0.75)):
+        L, E, K = 3, 8, 3
+        host = HostTables(S, L * E)
+        slot_of, owner_of, last_use, seen = tables(S, L, E)
+        for clock in range(1, 200):
+            layer = int(torch.randint(0, L, (), generator=g))
+            ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(int(torch.randint(1, 4, (), generator=g)))])
+            want = ref.plan(ids, layer, E, slot_of, owner_of, last_use, seen, clock, q)
+            got = host.plan(ids.tolist(), layer * E, q)
+            assert got[0] == want[0].flatten().tolist()
+            assert (got[1], got[2], got[3], got[4]) == (want[1].tolist(), want[2].tolist(), want[3], want[4])
+            assert host.slot_of == slot_of.tolist() and host.owner_of == owner_of.tolist()

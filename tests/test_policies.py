@@ -11,16 +11,18 @@ from engine.moe.estimator import BandwidthEstimator
 POLICIES = ["fetch", "cpu", "adaptive", "static:1", "static:3"]
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "device-control"])
 @pytest.mark.parametrize("slots", [8, 13])
-def test_policies_give_identical_tokens(tiny_model, slots):
+def test_policies_give_identical_tokens(tiny_model, slots, graph):
     _, _, ftw = tiny_model("qwen3_moe")
     prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(7)).tolist()
     want = greedy(load(ftw), prompt, 16)
     slot_bytes = load(ftw).runtime.store.layout.slot_bytes
     for policy in POLICIES:
-        e = load(ftw, expert_budget=slots * slot_bytes, moe_policy=policy)
+        e = load(ftw, expert_budget=slots * slot_bytes, moe_policy=policy, graph=graph)
         e.runtime.set_bandwidths(1.0, 1.0, online=False)  # q* = 0.5: half the misses on each side
         assert greedy(e, prompt, 16) == want, policy
+        e.runtime.sync_stats()
         st = e.runtime.cache.stats
         assert st.fetched + st.cpu == st.misses
         if policy == "fetch":
@@ -31,7 +33,24 @@ def test_policies_give_identical_tokens(tiny_model, slots):
             assert st.fetched == 0 and st.hits == 0
         if policy.startswith("static"):
             n = int(policy[7:])
-            assert (e.runtime.cache.slot_of[:n * 8] == -1).all()
+            assert all(int(s) == -1 for s in e.runtime.cache.tables.slot_of[:n * 8])
+
+
+def test_device_control_matches_eager_decisions(tiny_model):
+    """Graph-path control (device tables, padded plan outputs, fill and CPU-branch buffers) on
+    the CPU makes the same residency decisions as the eager path, step by step."""
+    _, _, ftw = tiny_model("qwen3_moe")
+    prompt = torch.randint(0, 256, (10,), generator=torch.Generator().manual_seed(9)).tolist()
+    runs = []
+    for graph in (False, True):
+        e = load(ftw, expert_budget=9 * load(ftw).runtime.store.layout.slot_bytes, moe_policy="adaptive", graph=graph)
+        e.runtime.set_bandwidths(1.0, 2.0, online=False)
+        out = greedy(e, prompt, 20)
+        e.runtime.sync_stats()
+        t = e.runtime.cache.tables
+        runs.append((out, [int(s) for s in t.slot_of], [int(o) for o in t.owner_of], e.runtime.cache.stats))
+    assert runs[0] == runs[1]
+    assert runs[1][3].cpu > 0 and runs[1][3].fetched > 0
 
 
 def test_adaptive_split_follows_q(tiny_model):

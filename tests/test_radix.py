@@ -50,7 +50,7 @@ def run(sched, tokens, n=6):
 
 def test_second_turn_reuses_prefix_and_side_request_keeps_it(tiny_model):
     e = load(tiny_model("qwen3_moe")[2], kv_tokens=256)
-    sched = Scheduler(e.model, e.kv, set(), 2, 64, e.max_context)
+    sched = Scheduler(e, set(), 2, 64)
     convo = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(5)).tolist()
     first = run(sched, convo)
     second = run(sched, convo + first.output + [7, 8, 9])
@@ -60,6 +60,6 @@ def test_second_turn_reuses_prefix_and_side_request_keeps_it(tiny_model):
     third = run(sched, convo + first.output + [7, 8, 9] + second.output)
     assert third.cached >= second.cached
     # reuse is exact: the same prompt without the cache gives the same tokens
-    fresh = Scheduler(e.model, e.kv, set(), 1, 64, e.max_context)
+    fresh = Scheduler(e, set(), 1, 64)
     fresh.prefix.match = lambda tokens: []
     assert run(fresh, convo + first.output + [7, 8, 9]).output == second.output

@@ -9,6 +9,7 @@ import torch
 
 from engine.errors import UserError
 from engine.moe.layout import SlotLayout
+from engine.moe.tables import HostTables
 
 
 @dataclass
@@ -36,17 +37,16 @@ def slots_for_budget(budget: int, layout: SlotLayout, n_experts: int) -> int:
 
 class ExpertCache:
     def __init__(self, layout: SlotLayout, n_slots: int, n_layers: int, n_experts: int,
-                 device: torch.device):
+                 device: torch.device, device_tables: bool = False):
         self.layout = layout
         self.pool = torch.empty(n_slots, layout.slot_bytes, dtype=torch.uint8, device=device)
         self.w = layout.views(self.pool)                  # {name: [S, ...]}
         self.n_experts = n_experts
-        # Control tables live on the host for the eager path (one sync per layer step).
-        self.slot_of = torch.full((n_layers * n_experts,), -1, dtype=torch.int64)
-        self.owner_of = torch.full((n_slots,), -1, dtype=torch.int64)
-        self.last_use = torch.full((n_slots,), -1, dtype=torch.int64)
-        self.seen = torch.full((n_layers * n_experts,), -1, dtype=torch.int64)
-        self.clock = 0
+        if device_tables:  # graph mode: control on the device
+            from engine.moe.device_control import DeviceTables
+            self.tables = DeviceTables(n_slots, n_layers * n_experts, n_experts, device)
+        else:  # eager control: one sync per layer step
+            self.tables = HostTables(n_slots, n_layers * n_experts)
         self.stats = CacheStats()
 
     @property
@@ -55,4 +55,5 @@ class ExpertCache:
 
     @property
     def occupancy(self) -> float:
-        return float((self.owner_of >= 0).sum()) / self.n_slots
+        t = self.tables
+        return (t.owned if hasattr(t, "owned") else sum(o >= 0 for o in t.owner_of)) / self.n_slots

@@ -26,5 +26,10 @@ class MissPolicy:
             return 1.0
         return 0.0 if self.name == "cpu" else self.q_star
 
+    def may_cpu(self, layer: int) -> bool:
+        """Whether a decode step of this layer can ever send a miss to the CPU (graph capture
+        includes the CPU branch only where it can)."""
+        return layer < self.static_layers or self.name in ("adaptive", "cpu")
+
     def cacheable(self, layer: int) -> bool:
         return layer >= self.static_layers

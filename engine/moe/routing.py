@@ -23,13 +23,15 @@ class Replay:
             raise UserError(f"trace {path} has shape {trace.shape} and max id {trace.max()}; this model needs "
                             f"[tokens, >= {n_layers}, {top_k}] with ids < {n_experts}")
         self.trace = torch.from_numpy(trace[:, :n_layers].astype(np.int64))
-        self.cursor = [0] * n_layers
+        self.cursor = torch.zeros(n_layers, dtype=torch.int64)
 
     def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
-        n, start = ids.shape[0], self.cursor[layer]
-        rows = torch.arange(start, start + n) % self.trace.shape[0]
-        self.cursor[layer] = start + n
-        return self.trace[rows, layer].to(ids.device)
+        """Device ops only (the cursor is a tensor), so replay works inside a CUDA graph."""
+        if self.trace.device != ids.device:
+            self.trace, self.cursor = self.trace.to(ids.device), self.cursor.to(ids.device)
+        rows = (self.cursor[layer] + torch.arange(ids.shape[0], device=ids.device)) % self.trace.shape[0]
+        self.cursor[layer] += ids.shape[0]
+        return self.trace[rows, layer]
 
 
 class Uniform:
@@ -37,8 +39,9 @@ class Uniform:
         self.n, self.gen = n_experts, torch.Generator().manual_seed(seed)
 
     def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
-        rand = torch.rand(ids.shape[0], self.n, generator=self.gen)
-        return rand.topk(ids.shape[1], dim=-1).indices.to(ids.device)
+        gen = self.gen if ids.device.type == "cpu" else None  # CUDA: the default generator is graph-safe
+        rand = torch.rand(ids.shape[0], self.n, generator=gen, device=ids.device)
+        return rand.topk(ids.shape[1], dim=-1).indices
 
 
 class Recorder:

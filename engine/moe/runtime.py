@@ -25,6 +25,7 @@ class ExpertRuntime:
         self.estimator: BandwidthEstimator | None = None  # None = q* stays as set
         self._pending_fill = None  # (start event, end event, bytes) timed once complete
         self._experts = ref.moe_experts
+        self.device_ctl = None  # engine.moe.device_control.DeviceControl in graph mode
         if cache.pool.is_cuda:  # decode-sized batches run the Triton GEMV kernel
             from kernels.moe_triton import moe_experts_auto
             self._experts = moe_experts_auto
@@ -43,28 +44,49 @@ class ExpertRuntime:
         self.policy.q_star = est.q_star
         self.estimator = est if online else None
 
+    def before_step(self) -> None:
+        """Between steps: fold the CPU branch's own timings into B_H and publish q* to the device."""
+        ctl = self.device_ctl
+        if ctl is None:
+            return
+        if ctl.poller is not None:
+            jobs, experts, seconds = ctl.poller.stats()
+            if self.estimator and experts:
+                self.estimator.cpu(experts * self.store.layout.slot_bytes, seconds)
+        if self.estimator:
+            self.policy.q_star = self.estimator.q_star
+        ctl.set_q(self.policy)
+
+    def sync_stats(self) -> None:
+        if self.device_ctl is not None:
+            self.device_ctl.collect(self.cache.stats, self.store.layout.slot_bytes)
+
+    def close(self) -> None:
+        if self.device_ctl is not None:
+            self.device_ctl.close()
+
     def warm(self) -> None:
         """Load whole cacheable layers into the cache, in order, while they fit (all of them when
         the budget holds every expert; the GPU layers of a static policy)."""
         c, E = self.cache, self.cache.n_experts
         layers = [i for i in range(len(self.store.banks)) if self.policy.cacheable(i)]
         for n, layer in enumerate(layers[:c.n_slots // E]):
-            slots = torch.arange(n * E, (n + 1) * E)
             c.pool[n * E:(n + 1) * E].copy_(self.store.banks[layer])
-            c.slot_of[layer * E:(layer + 1) * E] = slots
-            c.owner_of[slots] = torch.arange(layer * E, (layer + 1) * E)
+            c.tables.install_block(n * E, layer * E, E)
 
     def forward(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 prefill: bool) -> torch.Tensor:
         """x [T, H]; ids, weights [T, K] from the router -> [T, H] in x's dtype."""
         c = self.cache
-        c.clock += 1
         if self.routing is not None:
             ids = self.routing(layer, ids)
+        if self.device_ctl is not None and not prefill and ids.numel() <= self.device_ctl.route.numel():
+            return self.device_ctl.forward(layer, x, ids, weights)
         ids_h = ids.cpu()
         self._update_q()
-        route, victims, fetch, hits, misses = ref.plan(ids_h, layer, c.n_experts, c.slot_of, c.owner_of,
-                                                       c.last_use, c.seen, c.clock, self.policy.q(layer, prefill))
+        route, victims, fetch, hits, misses = c.tables.plan(ids_h.tolist(), layer * c.n_experts,
+                                                            self.policy.q(layer, prefill))
+        route = torch.tensor(route).view(ids_h.shape)
         cpu_ids = torch.where(route < 0, ids_h, -1)
         n_cpu = misses - len(victims)
         self._count(hits, misses, n_cpu)
@@ -88,8 +110,8 @@ class ExpertRuntime:
         fut = self.cpu.submit(x.cpu(), bank["gate_up"], bank["down"], cpu_ids, weights.float().cpu(), out_h)
         return fut, out_h, t0
 
-    def _fill(self, layer: int, victims: torch.Tensor, fetch: torch.Tensor) -> None:
-        if not len(victims):
+    def _fill(self, layer: int, victims: list[int], fetch: list[int]) -> None:
+        if not victims:
             return
         bank, pool, nbytes = self.store.banks[layer], self.cache.pool, len(victims) * self.store.layout.slot_bytes
         cuda = pool.is_cuda
@@ -97,7 +119,7 @@ class ExpertRuntime:
         if cuda and self.estimator:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        for s, e in zip(victims.tolist(), fetch.tolist()):
+        for s, e in zip(victims, fetch):
             pool[s].copy_(bank[e], non_blocking=True)
         if self.estimator:
             if cuda:

@@ -4,6 +4,7 @@ the memory the CPU executor computes from. Banks are read straight into their fi
 pinned after they are filled when CUDA is present."""
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
@@ -16,16 +17,22 @@ def bank_name(layer: int) -> str:
 
 
 def pin_(t: torch.Tensor) -> None:
-    """Page-lock an existing host buffer in place (cudaHostRegister), so fills run at full PCIe rate."""
-    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    """Page-lock an existing host buffer in place (cudaHostRegister), so fills run at full PCIe
+    rate; unregistered when `t` is collected, before its memory can be reused."""
+    rt, ptr = torch.cuda.cudart(), t.data_ptr()
+    err = rt.cudaHostRegister(ptr, t.numel() * t.element_size(), 3)  # portable | mapped (UVA reads)
     assert int(err) == 0, f"cudaHostRegister failed with {err}"
+    weakref.finalize(t, rt.cudaHostUnregister, ptr)
 
 
 class HostExpertStore:
-    def __init__(self, banks: list[torch.Tensor], layout: SlotLayout):
-        self.banks = banks                                  # per MoE layer: [E, slot_bytes] uint8
-        self.layout = layout
-        self.views = [layout.views(b) for b in banks]       # per MoE layer: {name: [E, ...]}
+    """rows [L*E, slot_bytes] uint8: row layer * E + expert, the flat id the cache uses; banks[l]
+    is the [E, slot_bytes] view of one MoE layer."""
+
+    def __init__(self, rows: torch.Tensor, n_experts: int, layout: SlotLayout):
+        self.rows, self.layout = rows, layout
+        self.banks = list(rows.view(-1, n_experts, layout.slot_bytes))
+        self.views = [layout.views(b) for b in self.banks]  # per MoE layer: {name: [E, ...]}
 
     @property
     def n_experts(self) -> int:
@@ -33,19 +40,26 @@ class HostExpertStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() for b in self.banks)
+        return self.rows.numel()
 
     @staticmethod
-    def load(reader, layers: list[int], layout: SlotLayout, pin: bool,
-             progress: Callable[[int], None] | None = None) -> "HostExpertStore":
+    def empty(n_layers: int, n_experts: int, layout: SlotLayout) -> "HostExpertStore":
         from ftw import aligned_empty
-        banks = []
-        for layer in layers:
-            info = reader.info(bank_name(layer))
-            bank = reader.read(info.name, out=aligned_empty(info.shape, torch.uint8))
-            if pin:
-                pin_(bank)
-            banks.append(bank)
+        return HostExpertStore(aligned_empty((n_layers * n_experts, layout.slot_bytes), torch.uint8),
+                               n_experts, layout)
+
+    def pin(self) -> None:
+        pin_(self.rows)
+
+    @staticmethod
+    def load(reader, layers: list[int], n_experts: int, layout: SlotLayout, pin: bool,
+             progress: Callable[[int], None] | None = None) -> "HostExpertStore":
+        """Read every bank straight into its place in one buffer, then pin it."""
+        store = HostExpertStore.empty(len(layers), n_experts, layout)
+        for bank, layer in zip(store.banks, layers):
+            reader.read(bank_name(layer), out=bank)
             if progress:
                 progress(bank.numel())
-        return HostExpertStore(banks, layout)
+        if pin:
+            store.pin()
+        return store

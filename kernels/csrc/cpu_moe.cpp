@@ -320,4 +320,88 @@ double ftmoe_seconds(void* job) {  // only once ftmoe_wait said done
 }
 void ftmoe_free(void* job) { delete static_cast<Job*>(job); }  // only once ftmoe_wait said done
 
+// In-graph CPU branch. A thread polls `go` in mapped pinned memory: the GPU stream, after
+// staging x, ids and weights, writes go = (layer + 1) | (T << 20); the thread clears go, runs
+// that layer's CPU routes on the pool into `out`, then answers done = go, which the stream waits
+// for. A failure still answers (with zeros) so the GPU never hangs; Python reads the error.
+struct Poller {
+  void* pool = nullptr;
+  volatile uint32_t *go = nullptr, *done = nullptr;
+  const void *x = nullptr, *ids = nullptr;
+  const float* rw = nullptr;
+  float* out = nullptr;
+  std::vector<const void*> wgu, wd;  // per MoE layer bank bases
+  int H = 0, I = 0, E = 0, K = 0, dtype = 0, mode = 0;
+  int64_t sgu = 0, sd = 0;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> jobs{0}, experts{0}, nanos{0};
+  std::mutex m;
+  std::string err;
+  std::thread th;
+
+  void fail(const std::string& e, int T) {
+    { std::lock_guard<std::mutex> g(m); if (err.empty()) err = e; }
+    std::fill_n(out, size_t(T) * H, 0.f);
+  }
+  void serve(uint32_t v) {
+    int layer = int(v & 0xFFFFF) - 1, T = int(v >> 20);
+    if (layer < 0 || layer >= int(wgu.size())) return fail("bad layer in the CPU branch flag", T);
+    auto t0 = std::chrono::steady_clock::now();
+    auto* J = static_cast<Job*>(ftmoe_submit(pool, x, wgu[layer], wd[layer], ids, rw, out, T, H, I,
+                                             E, K, sgu, sd, dtype, 1, mode));
+    if (!J) return fail("could not allocate a CPU branch job", T);
+    if (ftmoe_wait(J, -1.0)) fail(J->err, T);
+    experts += int64_t(J->eid.size()), jobs += 1;
+    nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    ftmoe_free(J);
+  }
+  void loop() {
+    for (int idle = 0; !stop.load(std::memory_order_relaxed);) {
+      uint32_t v = *go;
+      if (!v) {  // spin while busy, then back off so an idle server does not burn a core
+        if (++idle < 200000) _mm_pause(); else std::this_thread::sleep_for(std::chrono::microseconds(50));
+        continue;
+      }
+      idle = 0;
+      *go = 0;
+      std::atomic_thread_fence(std::memory_order_acquire);
+      serve(v);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      *done = v;
+    }
+  }
+};
+
+void* ftmoe_poller_start(void* pool, void* go, void* done, const void* x, const void* ids,
+                         const float* rw, float* out, const void** wgu, const void** wd, int L,
+                         int H, int I, int E, int K, int64_t sgu, int64_t sd, int dtype, int mode) {
+  try {
+    auto* P = new Poller();
+    P->pool = pool, P->go = static_cast<uint32_t*>(go), P->done = static_cast<uint32_t*>(done);
+    P->x = x, P->ids = ids, P->rw = rw, P->out = out, P->wgu.assign(wgu, wgu + L), P->wd.assign(wd, wd + L);
+    P->H = H, P->I = I, P->E = E, P->K = K, P->sgu = sgu, P->sd = sd, P->dtype = dtype, P->mode = mode;
+    P->th = std::thread(&Poller::loop, P);
+    return P;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void ftmoe_poller_stop(void* p) {
+  auto* P = static_cast<Poller*>(p);
+  P->stop = true;
+  P->th.join();
+  delete P;
+}
+
+// out3 = (jobs, distinct experts, nanoseconds) since the last call; returns 1 after a failure.
+int ftmoe_poller_stats(void* p, int64_t* out3) {
+  auto* P = static_cast<Poller*>(p);
+  out3[0] = P->jobs.exchange(0), out3[1] = P->experts.exchange(0), out3[2] = P->nanos.exchange(0);
+  std::lock_guard<std::mutex> g(P->m);
+  return P->err.empty() ? 0 : 1;
+}
+
+const char* ftmoe_poller_error(void* p) { return static_cast<Poller*>(p)->err.c_str(); }
+
 }  // extern "C"

@@ -1,0 +1,161 @@
+"""Device-resident expert control for decode: the residency tables live on the device, and one
+MoE layer step runs plan kernel -> fills -> experts -> CPU branch -> merge with no host sync, so
+the whole decode step can be captured in a CUDA graph. q* is device data (one value per layer),
+changed between steps without recapture. The CPU branch is signalled through flags in mapped
+pinned memory that a C++ poller answers. On the CPU (tests) the same steps run with the plain
+torch references, so the buffer logic is exercised without a GPU."""
+from __future__ import annotations
+
+import torch
+
+from kernels import ref
+
+
+class DeviceTables:
+    """slot_of [L*E], owner_of [S], last_use [S], seen [L*E], clock [1]: int64 on the device."""
+
+    def __init__(self, n_slots: int, n_flat: int, n_experts: int, device: torch.device):
+        i64 = dict(dtype=torch.int64, device=device)
+        self.slot_of, self.seen = torch.full((n_flat,), -1, **i64), torch.full((n_flat,), -1, **i64)
+        self.owner_of, self.last_use = torch.full((n_slots,), -1, **i64), torch.full((n_slots,), -1, **i64)
+        self.clock, self.n_experts = torch.zeros(1, **i64), n_experts
+
+    @property
+    def tensors(self) -> tuple:
+        return self.slot_of, self.owner_of, self.last_use, self.seen
+
+    def install_block(self, slot: int, flat: int, n: int) -> None:
+        """Slots slot..slot+n hold flat ids flat..flat+n (empty slots, at load time)."""
+        dev = self.slot_of.device
+        self.slot_of[flat:flat + n] = torch.arange(slot, slot + n, device=dev)
+        self.owner_of[slot:slot + n] = torch.arange(flat, flat + n, device=dev)
+
+    def plan(self, ids: list[list[int]], base: int, q: float):
+        """The eager (prefill) interface of HostTables.plan, on the device tables."""
+        clock = int(self.clock) + 1
+        self.clock.fill_(clock)
+        ids_t = torch.tensor(ids, device=self.slot_of.device)
+        route, vic, fetch, hits, misses = ref.plan(ids_t, base // self.n_experts, self.n_experts,
+                                                   *self.tensors, clock, q)
+        return route.flatten().tolist(), vic.tolist(), fetch.tolist(), hits, misses
+
+    @property
+    def owned(self) -> int:
+        return int((self.owner_of >= 0).sum())
+
+
+class DeviceControl:
+    """Per-step buffers of the device-controlled MoE layer step, sized for T*K <= max_routes."""
+
+    def __init__(self, runtime, max_tokens: int, top_k: int):
+        rt, dev = runtime, runtime.cache.pool.device
+        self.rt, self.dev, self.cuda = rt, dev, dev.type == "cuda"
+        n_layers = len(rt.store.banks)
+        n = max_tokens * top_k
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.route, self.victims, self.fetch = (torch.empty(n, **i64) for _ in range(3))
+        self.counts, self.stats = torch.zeros(3, **i64), torch.zeros(3, **i64)  # hits, misses, fetched
+        self.q = torch.ones(n_layers, dtype=torch.float32, device=dev)
+        self.q_host = [1.0] * n_layers
+        self.poller = None
+        if self.cuda:
+            self._start_poller(max_tokens, top_k)
+
+    def _start_poller(self, max_tokens: int, top_k: int) -> None:
+        from kernels.cuda_memops import device_ptr
+        rt, H = self.rt, self.rt.store.views[0]["down"].shape[1]
+        pin = dict(pin_memory=True)
+        self.flags = torch.zeros(2, dtype=torch.int32, **pin)                     # go, done
+        self.x_h = torch.zeros(max_tokens, H, dtype=rt.cpu.act_dtype(rt.store.views[0]["down"].dtype), **pin)
+        self.ids_h = torch.full((max_tokens, top_k), -1, dtype=torch.int64, **pin)
+        self.w_h = torch.zeros(max_tokens, top_k, dtype=torch.float32, **pin)
+        self.out_h = torch.zeros(max_tokens, H, dtype=torch.float32, **pin)
+        self.go, self.done = device_ptr(self.flags), device_ptr(self.flags) + 4
+        self.poller = rt.cpu.poller(self.flags[0:1], self.flags[1:2], self.x_h, self.ids_h, self.w_h, self.out_h,
+                                    [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views])
+
+    def set_q(self, policy) -> None:
+        """Copy the policy's per-layer decode q into device data (outside any graph)."""
+        q = [policy.q(layer, False) for layer in range(self.q.numel())]
+        if q != self.q_host:
+            self.q.copy_(torch.tensor(q))
+            self.q_host = q
+
+    def collect(self, stats, slot_bytes: int) -> None:
+        """Fold the device counters into the host CacheStats (one sync)."""
+        hits, misses, fetched = self.stats.tolist()
+        self.stats.zero_()
+        stats.hits += hits
+        stats.misses += misses
+        stats.fetched += fetched
+        stats.cpu += misses - fetched
+        stats.bytes_filled += fetched * slot_bytes
+        stats.bytes_cpu += (misses - fetched) * slot_bytes
+
+    def _plan(self, ids: torch.Tensor, layer: int, route: torch.Tensor, n: int) -> None:
+        t, E = self.rt.cache.tables, self.rt.cache.n_experts
+        if self.cuda:
+            from kernels.plan_triton import plan
+            plan(ids, layer, E, *t.tensors, t.clock, self.q[layer:layer + 1], route, self.victims[:n],
+                 self.fetch[:n], self.counts)
+            return
+        t.clock += 1  # the reference, padded like the kernel's outputs
+        r, v, f, hits, misses = ref.plan(ids, layer, E, *t.tensors, int(t.clock), self.q_host[layer])
+        route.copy_(r)
+        self.victims[:n].fill_(-1)[:len(v)].copy_(v)
+        self.fetch[:n].fill_(-1)[:len(f)].copy_(f)
+        self.counts.copy_(torch.tensor([hits, misses, len(v)]))
+
+    def forward(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """One MoE layer step of a decode batch, no host sync on CUDA."""
+        rt, c = self.rt, self.rt.cache
+        T, K = ids.shape
+        n = T * K
+        route = self.route[:n].view(T, K)
+        self._plan(ids, layer, route, n)
+        self.stats += self.counts
+        may_cpu = rt.policy.may_cpu(layer)
+        if may_cpu:
+            cpu_ids = torch.where(route < 0, ids, -1)
+            out_h = self._cpu_start(layer, x, cpu_ids, weights)
+        self._fill(layer, n)
+        out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act)
+        if may_cpu:
+            out += self._cpu_finish(layer, T, out_h)
+        return out.to(x.dtype)
+
+    def _fill(self, layer: int, n: int) -> None:
+        base = layer * self.rt.cache.n_experts
+        if self.cuda:
+            from kernels.fill_triton import fill_rows
+            fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base)
+        else:
+            ref.fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base)
+
+    def _cpu_start(self, layer: int, x, cpu_ids, weights):
+        if not self.cuda:  # tests: the executor directly, same inputs
+            v = self.rt.store.views[layer]
+            out = torch.empty(x.shape, dtype=torch.float32)
+            self.rt.cpu.run(x, v["gate_up"], v["down"], cpu_ids, weights.float(), out)
+            return out
+        from kernels.cuda_memops import write_value
+        T = x.shape[0]
+        self.ids_h[:T].copy_(cpu_ids, non_blocking=True)
+        self.x_h[:T].copy_(x, non_blocking=True)
+        self.w_h[:T].copy_(weights, non_blocking=True)
+        write_value(self.go, (layer + 1) | (T << 20))
+        return None
+
+    def _cpu_finish(self, layer: int, T: int, out_h):
+        if not self.cuda:
+            return out_h
+        from kernels.cuda_memops import wait_value, write_value
+        v = (layer + 1) | (T << 20)
+        wait_value(self.done, v)
+        write_value(self.done, 0)
+        return self.out_h[:T].to(self.dev, non_blocking=True)
+
+    def close(self) -> None:
+        if self.poller is not None:
+            self.poller.close()
+            self.poller = None

@@ -1,0 +1,52 @@
+"""Residency tables on the host for the eager path: the semantics of kernels.ref.plan (which
+the device plan kernel also implements), with O(K + F) Python work per layer step. An ordered
+LRU replaces the sort over last_use: slots touched in one step move to the end in slot order,
+which is exactly the (last_use, slot) order the reference sorts by."""
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+from kernels.ref import split_fetch
+
+
+class HostTables:
+    def __init__(self, n_slots: int, n_flat: int):
+        self.slot_of = [-1] * n_flat      # flat id -> slot or -1
+        self.owner_of = [-1] * n_slots    # slot -> flat id or -1
+        self.seen = [-1] * n_flat         # flat id -> clock of its last demand
+        self.lru = OrderedDict.fromkeys(range(n_slots))  # least recently used first
+        self.clock = 0
+
+    def install(self, slot: int, flat: int) -> None:
+        old = self.owner_of[slot]
+        if old >= 0:
+            self.slot_of[old] = -1
+        self.slot_of[flat], self.owner_of[slot] = slot, flat
+
+    def install_block(self, slot: int, flat: int, n: int) -> None:
+        for i in range(n):
+            self.install(slot + i, flat + i)
+
+    def plan(self, ids: list[list[int]], base: int, q: float):
+        """ids [T][K] expert ids of the layer whose flat ids start at `base` -> (route slots
+        [T*K] with -1 = CPU, victim slots, fetched expert ids, hits, misses)."""
+        self.clock += 1
+        flat = [base + e for row in ids for e in row]
+        counts = Counter(flat)
+        uniq = sorted(counts)
+        hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
+        misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
+        n = min(split_fetch(len(misses), q), len(self.owner_of) - len(hit_slots))
+        victims = []
+        for s in self.lru:
+            if len(victims) == n:
+                break
+            if s not in hit_slots:
+                victims.append(s)
+        for s, f in zip(victims, misses):
+            self.install(s, f)
+        for s in sorted(hit_slots.union(victims)):
+            self.lru.move_to_end(s)
+        for f in uniq:
+            self.seen[f] = self.clock
+        return [self.slot_of[f] for f in flat], victims, [f - base for f in misses[:n]], len(hit_slots), len(misses)

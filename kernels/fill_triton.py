@@ -1,0 +1,32 @@
+"""Expert fills as a kernel: copy host-store rows straight into cache slots over UVA (the store
+is pinned and mapped), with the rows and slots read from device tensors the plan kernel wrote,
+so a CUDA graph can fill data-dependent misses without the host. Same semantics as
+kernels.ref.fill_rows."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fill_kernel(src_ptr, dst_ptr, vic_ptr, fetch_ptr, base, W, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    i, c = tl.program_id(0), tl.program_id(1)
+    slot = tl.load(vic_ptr + i).to(tl.int64)
+    row = (tl.load(fetch_ptr + i) + base).to(tl.int64)
+    lim = tl.where(slot >= 0, W, 0)  # padded entries (slot -1) copy nothing
+    for off in range(0, CHUNK, BLOCK):
+        o = c * CHUNK + off + tl.arange(0, BLOCK)
+        m = o < lim
+        v = tl.load(src_ptr + row * W + o, mask=m)
+        tl.store(dst_ptr + slot * W + o, v, mask=m)
+
+
+def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch: torch.Tensor,
+              base: int, chunk_words: int = 1 << 16) -> None:
+    """src [N, B] uint8 (pinned host), dst [S, B] uint8 (device); victims, fetch [F'] int64 padded
+    with -1: dst[victims[i]] = src[base + fetch[i]]."""
+    words = src.shape[1] // 8
+    s64, d64 = src.view(torch.int64), dst.view(torch.int64)
+    grid = (victims.numel(), triton.cdiv(words, chunk_words))
+    _fill_kernel[grid](s64, d64, victims, fetch, base, words, CHUNK=chunk_words, BLOCK=min(4096, chunk_words))
