@@ -164,10 +164,12 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
     if graph:
         from engine.moe.device_control import DeviceControl
         runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
+        runtime.device_ctl.set_q(policy)  # the capture's warm-up steps must follow the policy too
         if engine.device.type == "cuda":
             from engine.graphs import DecodeGraphs
             engine.graphs = DecodeGraphs(engine.model, engine.kv, -(-engine.max_context // engine.kv.page_size),
                                          range(1, config.max_running + 1))
+            runtime.device_ctl.stats.zero_()  # the warm-up steps ran on dummy tokens
     return runtime
 
 

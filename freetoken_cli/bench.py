@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -28,7 +29,8 @@ def decode(model: Optional[str] = ModelArg,
            device: str = typer.Option("auto", help="cuda | cpu | auto"),
            graph: str = typer.Option("on", help="comma list of on | off: CUDA-graph decode rows, eager rows"),
            max_context: int = typer.Option(4096, help="context length"),
-           as_json: bool = typer.Option(False, "--json", help="print rows as JSON")):
+           as_json: bool = typer.Option(False, "--json", help="print rows as JSON"),
+           out: Optional[Path] = typer.Option(None, help="also write the rows and profile as JSON to this file")):
     """Decode tok/s for each miss policy, with hit rate, traffic and the bound."""
     from benchmarks.decode import run
     from engine.config import parse_policy
@@ -47,6 +49,8 @@ def decode(model: Optional[str] = ModelArg,
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows = run(engine, engine.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
                prompt_tokens, prof, contention)
+    if out:
+        out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
