@@ -18,8 +18,7 @@ from engine.scheduler import Scheduler, Sequence
 
 def decode_once(engine: Engine, prompt: list[int], tokens: int) -> tuple[float, dict]:
     """Prefill `prompt`, then time `tokens` decode steps -> (seconds, decode-only cache counters)."""
-    sched = Scheduler(engine, set(), 1, 4096)
-    sched.prefix.match = lambda toks: []  # every repeat prefills from scratch
+    sched = Scheduler(engine, set(), 1, 4096, prefix_cache=False)  # every repeat prefills from scratch
     seq = Sequence(list(prompt), SamplingParams(max_tokens=tokens + 1, ignore_eos=True))
     sched.add(seq)
     sched.step()  # prefill + first token

@@ -75,8 +75,8 @@ class LLM:
                 "q_star": self.engine.runtime.policy.q_star, "cache_occupancy": c.occupancy,
                 "cache_slots": c.n_slots, "kv_pages_used": self.engine.kv.used,
                 "kv_pages_total": self.engine.kv.n_pages,
-                "prefix_hit_tokens": self.scheduler.prefix.hit_tokens,
-                "prefix_cached_pages": self.scheduler.prefix.pages,
+                "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
+                "prefix_cached_pages": self.scheduler.prefix.pages if self.scheduler.prefix else 0,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)}
 
     def check_prompt(self, ids: list[int]) -> None:

@@ -43,10 +43,11 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, engine, eos_ids: set[int], max_running: int, prefill_chunk: int):
+    def __init__(self, engine, eos_ids: set[int], max_running: int, prefill_chunk: int,
+                 prefix_cache: bool = True):
         self.engine, self.kv, self.eos = engine, engine.kv, eos_ids
         self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, engine.max_context
-        self.prefix = RadixCache(self.kv)
+        self.prefix = RadixCache(self.kv) if prefix_cache else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0)
@@ -67,7 +68,7 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
             seq = self.waiting.popleft()
-            seq.pages = self.prefix.match(seq.tokens)
+            seq.pages = self.prefix.match(seq.tokens) if self.prefix else []
             seq.n_cached = seq.cached = len(seq.pages) * self.kv.page_size
             self.running.append(seq)
 
@@ -82,7 +83,7 @@ class Scheduler:
     def _reserve(self, seq: Sequence, n: int) -> None:
         need = -(-(seq.n_cached + n) // self.kv.page_size) - len(seq.pages)
         if need > 0:
-            if need > len(self.kv.free):
+            if need > len(self.kv.free) and self.prefix:
                 self.prefix.evict(need - len(self.kv.free))
             seq.pages += self.kv.alloc(need)
 
@@ -131,6 +132,7 @@ class Scheduler:
     def _retire(self, s: Sequence) -> None:
         if s in self.running:
             self.running.remove(s)
-        self.prefix.insert(s.tokens[:s.n_cached], s.pages)
+        if self.prefix:
+            self.prefix.insert(s.tokens[:s.n_cached], s.pages)
         self.kv.release(s.pages)
         s.pages = []

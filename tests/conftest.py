@@ -69,7 +69,7 @@ def greedy(engine, prompt: list[int], n: int) -> list[int]:
     """n greedy tokens through the scheduler (no tokenizer needed)."""
     from engine.config import SamplingParams
     from engine.scheduler import Scheduler, Sequence
-    sched = Scheduler(engine, set(), 1, 2048)
+    sched = Scheduler(engine, set(), 1, 2048, prefix_cache=False)
     seq = Sequence(list(prompt), SamplingParams(max_tokens=n, temperature=0))
     sched.add(seq)
     while not seq.finish:

@@ -18,7 +18,6 @@ from fastapi import APIRouter, Depends, Request
 
 from engine.server import messages as m
 from engine.server.app import Server, get_server
-from engine.server.openai_api import Body
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from engine.server.sse import EventStream, Job, encode, events, finish_reason, sse
 from engine.serving import Finish
@@ -27,12 +26,12 @@ router = APIRouter()
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
 
 
-class Message(Body):
+class Message(m.Body):
     role: Literal["user", "assistant"]
     content: str | list[dict]
 
 
-class CountRequest(Body):
+class CountRequest(m.Body):
     model: str
     messages: list[Message]
     system: str | list[dict] | None = None

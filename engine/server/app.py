@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 
 from engine.config import SamplingParams
 from engine.errors import UserError
-from engine.server.messages import APIError
+from engine.server.messages import APIError, merge_system
 from engine.server.parsers import REASONING_PARSERS, TOOL_PARSERS, OutputParser, opens_reasoning, select_parsers
 from engine.server.sse import Job
 from engine.serving import ServingEngine
@@ -105,7 +105,7 @@ class Server:
         """Chat messages -> prompt token ids through the model's chat template."""
         from jinja2 import TemplateError
         try:
-            return self.tokenizer.chat(messages, tools=tools or None, **template_kwargs)
+            return self.tokenizer.chat(merge_system(messages), tools=tools or None, **template_kwargs)
         except TemplateError as e:
             raise APIError(400, f"the model's chat template rejected these messages: {e}") from None
         except UserError as e:
@@ -166,7 +166,8 @@ def error_response(request: Request, err: APIError) -> JSONResponse:
         body: dict = {"type": "error", "error": {"type": kind, "message": err.message}}
     else:
         body = {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}}
-    return JSONResponse(body, status_code=err.status, headers={"www-authenticate": "Bearer"} if err.status == 401 else None)
+    headers = {"www-authenticate": "Bearer"} if err.status == 401 else None
+    return JSONResponse(body, status_code=err.status, headers=headers)
 
 
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -12,8 +12,10 @@ import json
 import re
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 BILLING_PREFIX = "x-anthropic-billing-header:"
-TEXT_PARTS = ("text", "input_text", "output_text")
+TEXT_PARTS = ("text", "input_text", "output_text", "reasoning_text", "summary_text")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
@@ -24,6 +26,11 @@ class APIError(Exception):
                  param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+
+class Body(BaseModel):
+    """Base of every request model: unknown fields are accepted, known ones must have their type."""
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 def text_of(content: Any, where: str) -> str:
@@ -65,6 +72,19 @@ def choose_tools(tools: list[dict], mode: str, name: str | None) -> tuple[list[d
     return tools, bool(tools)
 
 
+def openai_tool_choice(choice: str | dict | None) -> tuple[str, str | None]:
+    """(mode, forced tool name) from none | auto | required | {"type": "function", "function": {"name"}}."""
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
+        if not isinstance(name, str):
+            raise APIError(400, "tool_choice must name a function", param="tool_choice")
+        return "required", name
+    if choice not in (None, "none", "auto", "required"):
+        raise APIError(400, "tool_choice must be none, auto, required or a function", param="tool_choice")
+    return choice or "auto", None
+
+
 def arguments(args: Any) -> Any:
     """Tool-call arguments as the template wants them: a dict when they are a JSON object."""
     if isinstance(args, str):
@@ -89,6 +109,15 @@ def assistant(content: str = "", reasoning: str = "", calls: list[dict] | None =
     return msg
 
 
+def merge_system(messages: list[dict]) -> list[dict]:
+    """Join the leading system messages (instructions, developer items) into one: many chat
+    templates accept only one system message, and only at the start."""
+    n = next((i for i, msg in enumerate(messages) if msg["role"] != "system"), len(messages))
+    if n < 2:
+        return messages
+    return [{"role": "system", "content": "\n\n".join(msg["content"] for msg in messages[:n])}] + messages[n:]
+
+
 # ---- OpenAI chat completions -------------------------------------------------------------
 
 def openai_messages(messages: list[dict]) -> list[dict]:
@@ -97,7 +126,8 @@ def openai_messages(messages: list[dict]) -> list[dict]:
         where, role = f"messages[{i}]", m["role"]
         content = text_of(m.get("content"), f"{where}.content")
         if role == "assistant":
-            calls = [call(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls") or []]
+            calls = [call(c["id"], c["function"]["name"], c["function"]["arguments"])
+                     for c in m.get("tool_calls") or []]
             out.append(assistant(content, m.get("reasoning_content") or m.get("reasoning") or "", calls))
         elif role == "tool":
             out.append({"role": "tool", "tool_call_id": m.get("tool_call_id") or "", "content": content})
@@ -116,8 +146,7 @@ def responses_messages(instructions: str | None, items: str | list[dict]) -> lis
     for i, item in enumerate(items):
         kind, where = item.get("type", "message"), f"input[{i}]"
         if kind == "reasoning":
-            reasoning += text_of([{"type": "text", "text": p.get("text", "")} for p in item.get("content") or
-                                  item.get("summary") or []], where)
+            reasoning += text_of(item.get("content") or item.get("summary"), where)
         elif kind == "function_call":
             if not out or out[-1]["role"] != "assistant":
                 out.append(assistant(reasoning=reasoning))

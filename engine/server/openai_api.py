@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict
 
 from engine.server import messages as m
 from engine.server.app import Server, get_server
@@ -20,22 +19,18 @@ from engine.serving import Finish
 router = APIRouter()
 
 
-class Body(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class Function(Body):
+class Function(m.Body):
     name: str
     arguments: str = "{}"
 
 
-class ToolCall(Body):
+class ToolCall(m.Body):
     id: str
     type: str = "function"
     function: Function
 
 
-class Message(Body):
+class Message(m.Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[Any] | None = None
     tool_calls: list[ToolCall] | None = None
@@ -43,18 +38,18 @@ class Message(Body):
     reasoning_content: str | None = None
 
 
-class FunctionDef(Body):
+class FunctionDef(m.Body):
     name: str
     description: str | None = None
     parameters: dict | None = None
 
 
-class Tool(Body):
+class Tool(m.Body):
     type: Literal["function"]
     function: FunctionDef
 
 
-class Sampling(Body):
+class Sampling(m.Body):
     model: str | None = None
     stream: bool = False
     stream_options: dict | None = None
@@ -92,23 +87,11 @@ def usage(fin: Finish) -> dict:
             "prompt_tokens_details": {"cached_tokens": fin.cached_tokens}}
 
 
-def tool_choice(choice: str | dict | None) -> tuple[str, str | None]:
-    """(mode, forced tool name) from none | auto | required | {"type": "function", "function": {"name"}}."""
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") or choice.get("name")
-        if not isinstance(name, str):
-            raise m.APIError(400, "tool_choice must name a function", param="tool_choice")
-        return "required", name
-    if choice not in (None, "none", "auto", "required"):
-        raise m.APIError(400, "tool_choice must be none, auto, required or a function", param="tool_choice")
-    return choice or "auto", None
-
-
 @router.post("/v1/chat/completions")
 async def chat(body: ChatRequest, request: Request, s: Server = Depends(get_server)):
     tools = [m.tool(t.function.name, t.function.description, t.function.parameters, f"tools[{i}]")
              for i, t in enumerate(body.tools or [])]
-    tools, enabled = m.choose_tools(tools, *tool_choice(body.tool_choice))
+    tools, enabled = m.choose_tools(tools, *m.openai_tool_choice(body.tool_choice))
     msgs = m.openai_messages([x.model_dump(exclude_none=True) for x in body.messages])
     ids = s.render(msgs, tools, **(body.chat_template_kwargs or {}))
     sampling = {**body.sampling(), "max_tokens": body.max_completion_tokens or body.max_tokens}

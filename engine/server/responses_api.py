@@ -15,7 +15,6 @@ from fastapi import APIRouter, Depends, Request
 
 from engine.server import messages as m
 from engine.server.app import Server, get_server
-from engine.server.openai_api import Body, tool_choice
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from engine.server.sse import EventStream, Job, encode, events, sse
 from engine.serving import Finish
@@ -23,7 +22,7 @@ from engine.serving import Finish
 router = APIRouter()
 
 
-class ResponsesRequest(Body):
+class ResponsesRequest(m.Body):
     model: str | None = None
     input: str | list[dict]
     instructions: str | None = None
@@ -41,7 +40,7 @@ async def responses(body: ResponsesRequest, request: Request, s: Server = Depend
     if body.previous_response_id:
         raise m.APIError(400, "previous_response_id is not supported (responses are not stored); "
                          "send the whole conversation as input", param="previous_response_id")
-    tools, enabled = m.choose_tools(m.responses_tools(body.tools or []), *tool_choice(body.tool_choice))
+    tools, enabled = m.choose_tools(m.responses_tools(body.tools or []), *m.openai_tool_choice(body.tool_choice))
     ids = s.render(m.responses_messages(body.instructions, body.input), tools)
     job = s.job(request, ids, body.model, enabled, max_tokens=body.max_output_tokens,
                 temperature=body.temperature, top_p=body.top_p)
@@ -108,7 +107,8 @@ class ResponseStream:
             return []
         out = self.close()
         if kind == "message":
-            self.item = {"id": _id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+            self.item = {"id": _id("msg"), "type": "message", "role": "assistant", "status": "in_progress",
+                         "content": []}
         elif kind == "reasoning":
             self.item = {"id": _id("rs"), "type": "reasoning", "summary": [], "content": []}
         else:
