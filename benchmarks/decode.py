@@ -63,8 +63,8 @@ def hbm_gbps(engine: Engine) -> float:
 
 def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, prompt: list[int],
                    tokens: int, repeats: int, prof: dict, online: bool) -> dict:
-    rt = rebuild_experts(engine, store, config)
-    rt.routing = make_routing(routing, len(store.banks), store.n_experts, engine.cfg.router.top_k)
+    rt = rebuild_experts(engine, store, config,
+                         make_routing(routing, len(store.banks), store.n_experts, engine.cfg.router.top_k))
     rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"], online)
     decode_once(engine, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
     runs = [decode_once(engine, prompt, tokens) for _ in range(repeats)]
@@ -76,9 +76,11 @@ def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, pr
 
 
 def bound(row: dict, prof: dict, dense: int, hbm: float) -> float:
-    """Upper bound on tok/s for this row's per-token miss pattern."""
-    b_p = (prof["h2d_concurrent_gbps"] or hbm) * 1e9  # no GPU: the "link" is a host memcpy
-    b_h = prof["cpu_expert_concurrent_gbps"] * 1e9
+    """Upper bound on tok/s for this row's per-token miss pattern: the link and the CPU at their
+    concurrent bandwidths when both work, each at its solo bandwidth when only one does."""
+    both = row["bytes_filled"] > 0 and row["bytes_cpu"] > 0
+    b_p = (prof["h2d_concurrent_gbps" if both else "h2d_gbps"] or hbm) * 1e9  # no GPU: a host memcpy
+    b_h = prof["cpu_expert_concurrent_gbps" if both else "cpu_expert_gbps"] * 1e9
     link = row["bytes_filled"] / b_p if row["bytes_filled"] else 0.0
     cpu = row["bytes_cpu"] / b_h if row["bytes_cpu"] else 0.0
     return 1.0 / (max(link, cpu) + (dense + row["hit_bytes"] + row["bytes_filled"]) / (hbm * 1e9))

@@ -137,9 +137,10 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     return engine
 
 
-def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig) -> ExpertRuntime:
-    """(Re)build the device expert cache and runtime for config's budget and policy. The host
-    store is untouched; the old cache is freed first."""
+def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig, routing=None) -> ExpertRuntime:
+    """(Re)build the device expert cache and runtime for config's budget and policy (and an
+    optional routing override, which a CUDA graph must see at capture). The host store is
+    untouched; the old cache is freed first."""
     cfg, layout, old = engine.cfg, store.layout, engine.runtime
     if engine.graphs is not None:
         engine.kv.release([engine.graphs.page])
@@ -156,6 +157,7 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
     cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device, device_tables=graph)
     runtime = ExpertRuntime(store, cache, policy, config.cpu_threads)
     runtime._cpu = old._cpu if old is not None else None  # keep the worker pool
+    runtime.routing = routing
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
         runtime.warm()
     for block in engine.model.moe_blocks():

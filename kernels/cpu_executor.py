@@ -34,7 +34,7 @@ def _build() -> ctypes.CDLL:
     # image); the SIMD paths are per-function targets picked at run time instead.
     path = load("freetoken_cpu_moe", [str(_SRC)], extra_cflags=["-O3"], is_python_module=False)
     lib, p, i = ctypes.CDLL(path), ctypes.c_void_p, ctypes.c_int
-    for fn, args, res in [("pool_create", [i, p], p), ("pool_destroy", [p], None),
+    for fn, args, res in [("pool_create", [i, p, i], p), ("pool_destroy", [p], None),
                           ("submit", [p] * 7 + [i] * 5 + [ctypes.c_int64] * 2 + [i] * 3, p),
                           ("wait", [p, ctypes.c_double], i), ("error", [p], ctypes.c_char_p),
                           ("free", [p], None), ("cpu_features", [], i),
@@ -141,7 +141,9 @@ class CPUExecutor:
         if self.backend != "torch":
             pin = (_core_cpus() + [-1] * self.threads)[:self.threads]
             pin = (ctypes.c_int * self.threads)(*pin)
-            self._pool = self._lib.ftmoe_pool_create(self.threads, pin)
+            # spin for new work only when a core is left for the caller (never on a 2-core CI box)
+            spin = 20000 if self.threads < (psutil.cpu_count(logical=False) or 1) else 0
+            self._pool = self._lib.ftmoe_pool_create(self.threads, pin, spin)
 
     def submit(self, x, w_gate_up, w_down, ids, weights, out) -> CPUFuture:
         """Start out[T, H] = sum_k weights * FFN_ids(x); returns at once (see ref.moe_experts)."""

@@ -204,7 +204,10 @@ struct Pool {
   bool stop = false;
   uint64_t seq = 0;
 
-  Pool(int n_, const int* cpus) : n(n_) {
+  std::atomic<uint64_t> pub{0};  // last submitted seq, read by spinning workers without the lock
+  int spin = 0;                   // pause iterations a worker spins for new work before sleeping
+
+  Pool(int n_, const int* cpus, int spin_) : n(n_), spin(spin_) {
     for (int i = 0; i < n; ++i) th.emplace_back(&Pool::loop, this, cpus ? cpus[i] : -1);
   }
   ~Pool() {
@@ -214,7 +217,7 @@ struct Pool {
   }
   void submit(Job* J) {
     J->t0 = std::chrono::steady_clock::now();
-    { std::lock_guard<std::mutex> g(m); J->seq = ++seq; q.push_back(J); }
+    { std::lock_guard<std::mutex> g(m); J->seq = ++seq; q.push_back(J); pub.store(J->seq); }
     cv.notify_all();
   }
   void loop(int cpu) {
@@ -224,6 +227,9 @@ struct Pool {
     }
     for (uint64_t last = 0;;) {
       Job* J;
+      // Decode submits a job per layer every few hundred microseconds: spinning briefly keeps
+      // the workers awake for it instead of paying a condition-variable wake-up each time.
+      for (int i = 0; i < spin && pub.load(std::memory_order_acquire) <= last; ++i) _mm_pause();
       {
         std::unique_lock<std::mutex> lk(m);
         cv.wait(lk, [&] { return (!q.empty() && q.front()->seq > last) || (stop && q.empty()); });
@@ -262,7 +268,7 @@ int ftmoe_cpu_features() {
   return f;
 }
 
-void* ftmoe_pool_create(int threads, const int* cpus) { return new Pool(threads, cpus); }
+void* ftmoe_pool_create(int threads, const int* cpus, int spin) { return new Pool(threads, cpus, spin); }
 void ftmoe_pool_destroy(void* pool) { delete static_cast<Pool*>(pool); }
 
 // ids [T, K] int32/int64 (-1 = skip), rw [T, K] fp32, out [T, H] fp32; all contiguous.
@@ -346,6 +352,11 @@ struct Poller {
   void serve(uint32_t v) {
     int layer = int(v & 0xFFFFF) - 1, T = int(v >> 20);
     if (layer < 0 || layer >= int(wgu.size())) return fail("bad layer in the CPU branch flag", T);
+    const int64_t* id = static_cast<const int64_t*>(ids);
+    if (std::all_of(id, id + size_t(T) * K, [](int64_t e) { return e == -1; })) {
+      std::fill_n(out, size_t(T) * H, 0.f);  // no CPU route in this layer step: answer at once
+      return;
+    }
     auto t0 = std::chrono::steady_clock::now();
     auto* J = static_cast<Job*>(ftmoe_submit(pool, x, wgu[layer], wd[layer], ids, rw, out, T, H, I,
                                              E, K, sgu, sd, dtype, 1, mode));
