@@ -26,7 +26,8 @@ class Sequence:
     n_cached: int = 0                    # tokens whose KV is written
     cached: int = 0                      # prompt tokens reused from the prefix cache
     pages: list[int] = field(default_factory=list)
-    finish: str | None = None            # stop | length | abort
+    finish: str | None = None            # stop | length | abort | error
+    error: Exception | None = None
     id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self):

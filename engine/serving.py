@@ -4,6 +4,7 @@ through per-request asyncio queues. Cancelling a stream aborts its sequence and 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -12,6 +13,8 @@ from engine.config import SamplingParams
 from engine.llm import LLM
 from engine.scheduler import Sequence
 from engine.tokenizer import StopText
+
+log = logging.getLogger("freetoken.engine")
 
 
 @dataclass
@@ -26,6 +29,7 @@ class Finish:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    stop_sequence: str | None = None  # the stop string that ended the answer
 
 
 class ServingEngine:
@@ -57,8 +61,19 @@ class ServingEngine:
                 sched.add(seq) if op == "add" else sched.abort(seq)
                 if op == "abort":
                     self._emit(seq, None)
-            for seq, tok in sched.step():
-                self._emit(seq, tok)
+            try:
+                for seq, tok in sched.step():
+                    self._emit(seq, tok)
+            except Exception as e:  # fail the requests in flight, keep serving the next ones
+                self._fail_all(e)
+
+    def _fail_all(self, err: Exception) -> None:
+        log.exception("engine step failed; failing the requests in flight")
+        sched = self.llm.scheduler
+        for seq in list(sched.running) + list(sched.waiting):
+            sched.abort(seq)
+            seq.finish, seq.error = "error", err
+            self._emit(seq, None)
 
     def _emit(self, seq: Sequence, tok: int | None) -> None:
         sink = self._sinks.get(seq.id)
@@ -81,6 +96,9 @@ class ServingEngine:
         try:
             while True:
                 tok, finish = await q.get()
+                if finish == "error":
+                    raise seq.error
+                hit = None
                 if tok is not None and not (finish == "stop" and tok in self.tokenizer.eos_ids):
                     text, hit = stop.feed(dec.add(tok))
                     if text or hit:
@@ -88,9 +106,9 @@ class ServingEngine:
                     if hit:
                         finish = "stop"
                 if finish:
-                    if rest := stop.flush():
+                    if not hit and (rest := stop.flush()):
                         yield Delta(rest, [])
-                    yield Finish(finish, seq.n_prompt, len(seq.output), seq.cached)
+                    yield Finish(finish, seq.n_prompt, len(seq.output), seq.cached, hit)
                     return
         finally:
             self._sinks.pop(seq.id, None)

@@ -72,15 +72,17 @@ class StopText:
         self.stops, self.buf = [s for s in stops if s], ""
         self.hold = max((len(s) for s in self.stops), default=1) - 1
 
-    def feed(self, text: str) -> tuple[str, bool]:
+    def feed(self, text: str) -> tuple[str, str | None]:
+        """-> (text safe to emit, the stop string that ended the text or None)."""
         self.buf += text
-        cut = min((i for i in (self.buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stops if (i := self.buf.find(s)) >= 0]
+        if found:
+            cut, hit = min(found)
             out, self.buf = self.buf[:cut], ""
-            return out, True
+            return out, hit
         n = max(0, len(self.buf) - self.hold)
         out, self.buf = self.buf[:n], self.buf[n:]
-        return out, False
+        return out, None
 
     def flush(self) -> str:
         out, self.buf = self.buf, ""

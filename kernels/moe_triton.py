@@ -65,7 +65,7 @@ _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.
 
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 slots: torch.Tensor, weights: torch.Tensor, act: str = "silu",
-                blocks: tuple[int, int, int, int] = (8, 512, 16, 256)) -> torch.Tensor:
+                blocks: tuple[int, int, int, int] = (4, 1024, 8, 512)) -> torch.Tensor:
     """x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I] (slot-strided views, inner dims
     contiguous); slots [T, K] (-1 = elsewhere); weights [T, K] -> [T, H] float32.
     blocks = (BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B."""

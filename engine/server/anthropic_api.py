@@ -143,9 +143,11 @@ class MessageStream:
         calls = any(b["type"] == "tool_use" for b in self.message["content"])
         usage = {"input_tokens": fin.prompt_tokens - fin.cached_tokens, "output_tokens": fin.completion_tokens,
                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": fin.cached_tokens}
-        self.message.update(stop_reason=STOP_REASONS[finish_reason(fin, calls)], usage=usage)
+        reason = "stop_sequence" if fin.stop_sequence else STOP_REASONS[finish_reason(fin, calls)]
+        self.message.update(stop_reason=reason, usage=usage)
+        self.message["stop_sequence"] = fin.stop_sequence
         return out + [self.emit("message_delta", delta={"stop_reason": self.message["stop_reason"],
-                                                        "stop_sequence": None}, usage=usage),
+                                                        "stop_sequence": fin.stop_sequence}, usage=usage),
                       self.emit("message_stop")]
 
     def error(self, err: m.APIError) -> list[str]:
