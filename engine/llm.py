@@ -28,6 +28,9 @@ class GenStats:
     bytes_filled: int = 0
     bytes_cpu: int = 0
     cache_occupancy: float = 0.0
+    q_star: float = 0.0                 # current split: share of misses fetched
+    b_p_gbps: float | None = None       # current online estimates (None: not estimated)
+    b_h_gbps: float | None = None
 
     @property
     def prefill_tok_s(self) -> float:
@@ -124,7 +127,10 @@ class LLM:
         st.expert_hits, st.expert_misses = c.hits - before.hits, c.misses - before.misses
         st.fetched, st.cpu = c.fetched - before.fetched, c.cpu - before.cpu
         st.bytes_filled, st.bytes_cpu = c.bytes_filled - before.bytes_filled, c.bytes_cpu - before.bytes_cpu
-        st.cache_occupancy = self.engine.runtime.cache.occupancy
+        rt = self.engine.runtime
+        st.cache_occupancy, st.q_star = rt.cache.occupancy, rt.policy.q_star
+        if rt.estimator:
+            st.b_p_gbps, st.b_h_gbps = rt.estimator.b_p / 1e9, rt.estimator.b_h / 1e9
 
     def stream(self, prompt: list[int], params: SamplingParams,
                progress: Callable[[int, int], None] | None = None) -> Iterator[str]:

@@ -75,9 +75,12 @@ def load_dense(reader, cfg: ModelConfig, device: torch.device, dtype: torch.dtyp
 def expert_slots(config: EngineConfig, layout: SlotLayout, store_bytes: int, n_experts: int,
                  device: torch.device, reserve: int) -> int:
     """Slots from --expert-budget; auto = free device memory after dense weights, KV and a reserve
-    (on the CPU, auto caches every expert). Never more slots than experts."""
+    (on the CPU, every expert; for the embedded demo model, 40% of them, so that the offload path
+    runs and shows in the stats). Never more slots than experts."""
     budget = config.expert_budget
-    if budget is None:
+    if budget is None and config.model is None:
+        budget = max(int(0.4 * store_bytes), n_experts * layout.slot_bytes)
+    elif budget is None:
         budget = store_bytes if device.type == "cpu" else torch.cuda.mem_get_info(device)[0] - reserve
     total = store_bytes // layout.slot_bytes
     return min(slots_for_budget(budget, layout, n_experts), total)

@@ -39,6 +39,12 @@ def engine_config(model: Optional[str], device: str, expert_budget: str, moe_pol
                         max_context=max_context, graph=False if no_graph else None, **extra)
 
 
+# the model and memory options every engine command takes
+Budget = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB, 512MiB, auto")
+Device = typer.Option("auto", help="cuda | cpu | auto")
+Policy = typer.Option("adaptive", help="miss policy: adaptive | fetch | cpu | static:N | static:auto")
+Threads = typer.Option(None, help="CPU expert threads (default: physical cores)")
+Context = typer.Option(32768, help="context length in tokens")
 NoGraph = typer.Option(False, "--no-graph", help="eager decode (no CUDA graphs, host-side expert control)")
 
 

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
 
-from freetoken_cli.common import ModelArg, NoGraph, Progress, engine_config, user_errors
+from freetoken_cli.common import Budget, Context, Device, ModelArg, NoGraph, Policy, Threads, Progress, engine_config, user_errors
 
 
 @user_errors
@@ -21,12 +22,13 @@ def run(model: Optional[str] = ModelArg,
         raw: bool = typer.Option(False, "--raw", help="no chat template: continue the prompt text"),
         system: Optional[str] = typer.Option(None, help="system message"),
         ignore_eos: bool = typer.Option(False, "--ignore-eos", help="keep generating past end-of-sequence"),
-        expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB, 512MiB, auto"),
-        device: str = typer.Option("auto", help="cuda | cpu | auto"),
-        moe_policy: str = typer.Option("adaptive", help="miss policy: adaptive | fetch | cpu | static:N"),
-        cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)"),
-        max_context: int = typer.Option(32768, help="context length in tokens"),
+        expert_budget: str = Budget,
+        device: str = Device,
+        moe_policy: str = Policy,
+        cpu_threads: Optional[int] = Threads,
+        max_context: int = Context,
         no_graph: bool = NoGraph,
+        record_trace: Optional[Path] = typer.Option(None, help="save the routed expert ids (.npy) for bench --routing trace:FILE"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="print stats to stderr")):
     """Chat in a terminal, or answer one prompt (--prompt and/or piped stdin) printing only the answer."""
@@ -36,12 +38,24 @@ def run(model: Optional[str] = ModelArg,
     text = None if interactive else _read_prompt(prompt)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, ignore_eos=ignore_eos)
-    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context, no_graph)
+    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context,
+                        no_graph or record_trace is not None)  # recording reads ids on the host
     bar = Progress(quiet=as_json)
     try:
         llm = LLM(cfg, bar, say=lambda m: typer.echo(m, err=True) if verbose else None)
     finally:
         bar.close()
+    if record_trace:
+        from engine.moe.routing import Recorder
+        llm.engine.runtime.routing = Recorder(record_trace, len(llm.engine.runtime.store.banks))
+    try:
+        _answer(llm, interactive, text, raw, system, params, as_json, verbose)
+    finally:
+        if record_trace:
+            llm.engine.runtime.routing.save()
+
+
+def _answer(llm, interactive: bool, text, raw: bool, system, params, as_json: bool, verbose: bool) -> None:
     if interactive:
         from freetoken_cli.chat import Chat
         Chat(llm, params, system, verbose).loop()

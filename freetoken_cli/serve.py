@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import ModelArg, engine_config, fail, user_errors
+from freetoken_cli.common import Budget, Context, Device, ModelArg, NoGraph, Policy, Threads, engine_config, fail, user_errors
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -23,18 +23,20 @@ def serve(model: Optional[str] = ModelArg,
           reasoning_parser: str = typer.Option("auto", help="auto | none | think | harmony"),
           keep_billing_header: bool = typer.Option(False, "--keep-billing-header",
                                                    help="keep Claude Code's per-request billing line in the prompt"),
-          expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB, 512MiB, auto"),
-          device: str = typer.Option("auto", help="cuda | cpu | auto"),
-          moe_policy: str = typer.Option("fetch", help="miss policy: adaptive | fetch | cpu | static:N"),
-          cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)"),
-          max_context: int = typer.Option(32768, help="context length in tokens"),
+          expert_budget: str = Budget,
+          device: str = Device,
+          moe_policy: str = Policy,
+          cpu_threads: Optional[int] = Threads,
+          max_context: int = Context,
+          no_graph: bool = NoGraph,
           log_level: str = typer.Option("info", help="uvicorn log level")):
     """Serve MODEL to agents: /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages."""
     import uvicorn
 
     from engine.llm import LLM
     from engine.server.app import create_app
-    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context, max_running=max_running)
+    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context, no_graph,
+                        max_running=max_running)
     if host not in LOOPBACK and not api_key:
         typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
     failed: list[str] = []

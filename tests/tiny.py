@@ -14,15 +14,15 @@ BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_lay
 
 def hf_config(arch: str, **kw):
     import transformers as tf
-    moe = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+    base, moe = {**BASE, **kw}, dict(num_experts_per_tok=2, moe_intermediate_size=32)
     if arch == "qwen3_moe":
-        return tf.Qwen3MoeConfig(**BASE, **moe, num_experts=8, head_dim=16, norm_topk_prob=True, **kw)
+        return tf.Qwen3MoeConfig(**base, **moe, num_experts=8, head_dim=16, norm_topk_prob=True)
     if arch == "qwen2_moe":
-        return tf.Qwen2MoeConfig(**BASE, **moe, num_experts=8, shared_expert_intermediate_size=48, **kw)
+        return tf.Qwen2MoeConfig(**base, **moe, num_experts=8, shared_expert_intermediate_size=48)
     if arch == "mixtral":
-        return tf.MixtralConfig(**{**BASE, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2, **kw)
+        return tf.MixtralConfig(**{**base, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2)
     if arch == "olmoe":
-        return tf.OlmoeConfig(**BASE, num_experts=8, num_experts_per_tok=2, clip_qkv=4.0, **kw)
+        return tf.OlmoeConfig(**base, num_experts=8, num_experts_per_tok=2, clip_qkv=4.0)
     raise ValueError(arch)
 
 

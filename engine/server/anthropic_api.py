@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Request
 from engine.server import messages as m
 from engine.server.app import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
-from engine.server.sse import EventStream, Job, encode, events, finish_reason, sse
+from engine.server.sse import Job, finish_reason, reply, sse
 from engine.serving import Finish
 
 router = APIRouter()
@@ -73,13 +73,7 @@ async def create(body: MessagesRequest, request: Request, s: Server = Depends(ge
     job = s.job(request, ids, body.model, enabled, max_tokens=body.max_tokens, stop=body.stop_sequences,
                 temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
     state = MessageStream(job)
-    if body.stream:
-        return EventStream(encode(state, events(s.engine, job)))
-    async for _ in encode(state, events(s.engine, job)):  # the same state machine, events unused
-        pass
-    if state.failed:
-        raise state.failed
-    return state.message
+    return await reply(state, s.engine, job, body.stream, lambda: state.message)
 
 
 class MessageStream:

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Request
 from engine.server import messages as m
 from engine.server.app import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
-from engine.server.sse import EventStream, Job, encode, events, sse
+from engine.server.sse import Job, reply, sse
 from engine.serving import Finish
 
 router = APIRouter()
@@ -45,13 +45,7 @@ async def responses(body: ResponsesRequest, request: Request, s: Server = Depend
     job = s.job(request, ids, body.model, enabled, max_tokens=body.max_output_tokens,
                 temperature=body.temperature, top_p=body.top_p)
     state = ResponseStream(job, body.tools or [])
-    if body.stream:
-        return EventStream(encode(state, events(s.engine, job)))
-    async for _ in encode(state, events(s.engine, job)):  # the same state machine, events unused
-        pass
-    if state.failed:
-        raise state.failed
-    return state.response
+    return await reply(state, s.engine, job, body.stream, lambda: state.response)
 
 
 def _id(prefix: str) -> str:

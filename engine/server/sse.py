@@ -82,6 +82,17 @@ async def encode(enc: Encoder, stream: AsyncIterator[Event | Finish]) -> AsyncIt
             yield chunk
 
 
+async def reply(state: Encoder, engine: ServingEngine, job: Job, stream: bool, result):
+    """A stream of the encoder's events, or, run through the same state machine, result()."""
+    if stream:
+        return EventStream(encode(state, events(engine, job)))
+    async for _ in encode(state, events(engine, job)):  # events unused: the state collects them
+        pass
+    if state.failed:
+        raise state.failed
+    return result()
+
+
 class EventStream(StreamingResponse):
     """text/event-stream that watches for a disconnect while it waits on the model, so an
     abandoned request is aborted at once rather than at its next token."""

@@ -1,0 +1,115 @@
+"""The command line through Typer's CliRunner: convert, one-shot run (prompt and piped stdin),
+--json, and one-line errors with a non-zero exit code for every mistake a user can make."""
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.resolve import DEMO
+from freetoken_cli.main import app
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def cli(*args, input=None):
+    return CliRunner().invoke(app, [str(a) for a in args], input=input)
+
+
+def one_line_error(r, *words):
+    assert r.exit_code != 0
+    assert "Traceback" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    """A tiny random qwen3_moe in HF layout that uses the demo model's tokenizer."""
+    import tiny
+    from transformers import AutoTokenizer
+    d = tmp_path_factory.mktemp("cli") / "hf"
+    tiny.build("qwen3_moe", d, vocab_size=len(AutoTokenizer.from_pretrained(DEMO)))
+    for f in TOKENIZER_FILES:
+        if (DEMO / f).exists():
+            shutil.copy(DEMO / f, d / f)
+    return d
+
+
+def test_help_is_instant_and_imports_no_torch():
+    code = "import sys, freetoken_cli.main; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "freetoken_cli.main", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "convert" in out.stdout and "serve" in out.stdout
+    assert time.perf_counter() - t0 < 3.0  # a fresh interpreter included; well under 1 s when warm
+
+
+def test_convert_then_run_json(tiny_hf, tmp_path):
+    out = tmp_path / "ftw"
+    r = cli("convert", tiny_hf, out)
+    assert r.exit_code == 0, r.output
+    assert (out / "ftw.json").exists() and (out / "tokenizer.json").exists()
+    one_line_error(cli("convert", tiny_hf, out), "--force")
+    assert cli("convert", tiny_hf, out, "--force").exit_code == 0
+    r = cli("run", out, "--prompt", "def f(x):", "--json", "--max-tokens", 8, "--ignore-eos", "--device", "cpu",
+            "--raw")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert len(res["token_ids"]) == 8 and isinstance(res["text"], str)
+    for key in ("prefill_tok_s", "decode_tok_s", "expert_hits", "expert_misses", "bytes_filled"):
+        assert key in res["stats"]
+
+
+def test_run_hf_directory_converts_once(tiny_hf):
+    from engine.config import cache_dir
+    models = cache_dir() / "models"
+    before = set(models.iterdir()) if models.exists() else set()
+    for _ in range(2):
+        r = cli("run", tiny_hf, "-p", "x = ", "--raw", "--max-tokens", 2, "--device", "cpu", "--json")
+        assert r.exit_code == 0, r.output
+    assert len(set(models.iterdir()) - before) == 1
+
+
+def test_piped_stdin_prints_only_the_answer(tiny_hf):
+    r = cli("run", tiny_hf, "--prompt", "explain", "--max-tokens", 6, "--ignore-eos", "--device", "cpu",
+            "--verbose", input="def add(a, b):\n    return a + b\n")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() and "hit rate" not in r.stdout  # stats go to stderr
+    assert "hit rate" in r.stderr and "decode" in r.stderr
+
+
+def test_bad_input_gives_one_line_errors(tiny_hf, tmp_path):
+    one_line_error(cli("run", tmp_path / "missing", "-p", "hi"), "not found")
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--expert-budget", "lots"), "size")
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--expert-budget", "1KiB", "--device", "cpu"), "--expert-budget")
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--moe-policy", "sometimes"), "--moe-policy")
+    one_line_error(cli("run", tiny_hf, "-p", "hi " * 50, "--max-context", 16, "--device", "cpu"), "context")
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--device", "tpu"), "--device")
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--top-p", 0), "top_p")
+    one_line_error(cli("convert", "no/such-model-anywhere", tmp_path / "o"), "Hub")
+
+
+def test_bad_checkpoints_are_refused(tiny_hf, tmp_path):
+    ftw = tmp_path / "ftw"
+    assert cli("convert", tiny_hf, ftw).exit_code == 0
+    index = json.loads((ftw / "ftw.json").read_text())
+    index["version"] = 99
+    (ftw / "ftw.json").write_text(json.dumps(index))
+    one_line_error(cli("run", ftw, "-p", "hi"), "upgrade")
+    odd = tmp_path / "odd"
+    shutil.copytree(tiny_hf, odd)
+    cfg = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    one_line_error(cli("convert", odd, tmp_path / "o1"), "qwen3_moe")
+    (odd / "config.json").write_text(json.dumps(cfg))
+    (odd / "model.safetensors").write_bytes(b"\x00" * 64)
+    one_line_error(cli("convert", odd, tmp_path / "o2"), "model.safetensors")
+    assert not (tmp_path / "o2").exists() and not list(tmp_path.glob(".o2*"))
