@@ -31,6 +31,7 @@ class GenStats:
     q_star: float = 0.0                 # current split: share of misses fetched
     b_p_gbps: float | None = None       # current online estimates (None: not estimated)
     b_h_gbps: float | None = None
+    graph_steps: int = 0                # decode steps that ran as a captured CUDA graph
 
     @property
     def prefill_tok_s(self) -> float:
@@ -80,7 +81,8 @@ class LLM:
                 "kv_pages_total": self.engine.kv.n_pages,
                 "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
                 "prefix_cached_pages": self.scheduler.prefix.pages if self.scheduler.prefix else 0,
-                "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)}
+                "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "graph_steps": self.engine.graphs.replays if self.engine.graphs else 0}
 
     def check_prompt(self, ids: list[int]) -> None:
         if not ids:
@@ -96,6 +98,7 @@ class LLM:
         self.check_prompt(prompt)
         seq = Sequence(list(prompt), params)
         before, t0 = replace(self.cache_stats), time.perf_counter()
+        replays0 = self.engine.graphs.replays if self.engine.graphs else 0
         self.stats = GenStats(prompt_tokens=len(prompt))
         if params.max_tokens == 0:
             return
@@ -113,6 +116,7 @@ class LLM:
             if not seq.finish:
                 self.scheduler.abort(seq)
             self._cache_delta(before)
+            self.stats.graph_steps = (self.engine.graphs.replays if self.engine.graphs else 0) - replays0
 
     def _tick(self, t0: float) -> None:
         st, now = self.stats, time.perf_counter() - t0

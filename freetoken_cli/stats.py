@@ -9,7 +9,8 @@ def format_stats(st) -> str:
             f"experts: hit rate {st.hit_rate:.1%} ({st.expert_hits} hits, {st.expert_misses} misses: "
             f"{st.fetched} fetched, {st.cpu} on CPU) | moved {st.bytes_filled / mib:.1f} MiB, "
             f"CPU read {st.bytes_cpu / mib:.1f} MiB | cache {st.cache_occupancy:.0%} full | q* {st.q_star:.2f}"
-            + (f" (B_P {st.b_p_gbps:.1f}, B_H {st.b_h_gbps:.1f} GB/s)" if st.b_h_gbps is not None else ""))
+            + (f" (B_P {st.b_p_gbps:.1f}, B_H {st.b_h_gbps:.1f} GB/s)" if st.b_h_gbps is not None else "")
+            + (f" | {st.graph_steps} steps as CUDA graphs" if st.graph_steps else ""))
 
 
 def print_stats(st) -> None:
