@@ -17,7 +17,8 @@ tests)
   tail -5 "$out/gpu_tests.txt"
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2> "$out/profile.err"; cat "$out/profile.json"
   python3 -c "from kernels.moe_triton import bench_moe; from kernels.attention_triton import bench_attention
-from kernels.plan_triton import bench_plan; print(bench_moe()); print(bench_attention()); print(bench_plan())" > "$out/kernels.txt" 2>&1
+from kernels.plan_triton import bench_plan; from kernels.fill_triton import bench_fill
+print(bench_moe()); print(bench_attention()); print(bench_plan()); print(bench_fill())" > "$out/kernels.txt" 2>&1
   tail -3 "$out/kernels.txt" ;;
 graphs)  # graph decode: GPU tests, then graph vs eager rows
   timeout 300 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py \

@@ -30,3 +30,22 @@ def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch
     s64, d64 = src.view(torch.int64), dst.view(torch.int64)
     grid = (victims.numel(), triton.cdiv(words, chunk_words))
     _fill_kernel[grid](s64, d64, victims, fetch, base, words, CHUNK=chunk_words, BLOCK=min(4096, chunk_words))
+
+
+def bench_fill(n: int = 8, slot_bytes: int = 9 << 20, rows: int = 64) -> dict:
+    """H200 timing: n expert fills of slot_bytes from pinned host rows, by this kernel and by the
+    copy engine (one cudaMemcpyAsync per row); GB/s of each."""
+    from triton.testing import do_bench
+    src = torch.empty(rows, slot_bytes, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(2 * n, slot_bytes, dtype=torch.uint8, device="cuda")
+    vic = torch.arange(n, device="cuda")
+    fetch = torch.arange(n, device="cuda") * 3 % rows
+
+    def copy_engine():
+        for s, e in zip(vic.tolist(), fetch.tolist()):
+            dst[s].copy_(src[e], non_blocking=True)
+    res = {}
+    for name, fn in (("gather_kernel", lambda: fill_rows(src, dst, vic, fetch, 0)), ("copy_engine", copy_engine)):
+        ms = do_bench(fn)
+        res[name] = {"us": ms * 1e3, "GB/s": n * slot_bytes / ms / 1e6}
+    return res

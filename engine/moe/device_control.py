@@ -58,12 +58,16 @@ class DeviceControl:
         self.q = torch.ones(n_layers, dtype=torch.float32, device=dev)
         self.q_host = [1.0] * n_layers
         self.poller = None
-        if self.cuda:
+        if self.cuda and any(rt.policy.may_cpu(layer) for layer in range(n_layers)):
             self._start_poller(max_tokens, top_k)
 
     def _start_poller(self, max_tokens: int, top_k: int) -> None:
+        from engine.errors import UserError
         from kernels.cuda_memops import device_ptr
         rt, H = self.rt, self.rt.store.views[0]["down"].shape[1]
+        if rt.cpu.backend == "torch":
+            raise UserError("CUDA-graph decode with CPU experts needs the C++ CPU executor, which could not be "
+                            "built here; install a C++ compiler, or use --no-graph or --moe-policy fetch")
         pin = dict(pin_memory=True)
         self.flags = torch.zeros(2, dtype=torch.int32, **pin)                     # go, done
         self.x_h = torch.zeros(max_tokens, H, dtype=rt.cpu.act_dtype(rt.store.views[0]["down"].dtype), **pin)
