@@ -84,7 +84,7 @@ def split_fetch(m: int, q: float) -> int:
 
 def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
          owner_of: torch.Tensor, last_use: torch.Tensor, seen: torch.Tensor, clock: int,
-         q: float):
+         q: float, cold: bool = False):
     """One MoE layer step of expert-cache control; updates the tables in place.
 
     ids [T, K] expert ids of this layer; slot_of [L*E] (slot or -1), owner_of [S] (flat id or
@@ -92,7 +92,8 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     classifies hits and misses, fetches F = split_fetch(M, q) of the M misses (most recently
     demanded first, then most routed tokens) into the least recently used slots that no hit of
     this step owns, and returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert
-    ids [F] within the layer).
+    ids [F] within the layer, hits, misses). With cold, the fills enter as least recently used
+    (a long prefill scans through a few cold slots instead of evicting the decode working set).
     """
     flat = ids.reshape(-1) + layer * n_experts
     uniq, counts = torch.unique(flat, return_counts=True)
@@ -111,7 +112,7 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     slot_of[old[old >= 0]] = -1
     slot_of[fetch] = victims
     owner_of[victims] = fetch
-    last_use[victims] = clock
+    last_use[victims] = -1 if cold else clock
     last_use[slots[hit]] = clock
     seen[uniq] = clock
     return slot_of[flat].view_as(ids), victims, fetch - layer * n_experts, int(hit.sum()), miss.numel()

@@ -101,8 +101,32 @@ def test_host_tables_match_reference_plan():
         for clock in range(1, 200):
             layer = int(torch.randint(0, L, (), generator=g))
             ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(int(torch.randint(1, 4, (), generator=g)))])
-            want = ref.plan(ids, layer, E, slot_of, owner_of, last_use, seen, clock, q)
-            got = host.plan(ids.tolist(), layer * E, q)
+            cold = bool(torch.rand((), generator=g) < 0.3)
+            want = ref.plan(ids, layer, E, slot_of, owner_of, last_use, seen, clock, q, cold)
+            got = host.plan(ids.tolist(), layer * E, q, cold)
             assert got[0] == want[0].flatten().tolist()
             assert (got[1], got[2], got[3], got[4]) == (want[1].tolist(), want[2].tolist(), want[3], want[4])
             assert host.slot_of == slot_of.tolist() and host.owner_of == owner_of.tolist()
+
+
+def test_long_prefill_keeps_the_decode_working_set(tiny_model):
+    """A long prompt scans nearly every expert; its fills enter cold, so the experts the running
+    decode uses stay resident. A short follow-up runs like decode (here: the q* split)."""
+    from engine.config import SamplingParams
+    from engine.scheduler import Scheduler, Sequence
+    _, _, ftw = tiny_model("qwen3_moe")
+    e = load(ftw, expert_budget=14 * load(ftw).runtime.store.layout.slot_bytes, moe_policy="adaptive")
+    e.runtime.set_bandwidths(1.0, 1.0, online=False)
+    sched = Scheduler(e, set(), 2, 512, prefix_cache=False)
+    g = torch.Generator().manual_seed(11)
+    chat = Sequence(torch.randint(0, 256, (6,), generator=g).tolist(), SamplingParams(max_tokens=40))
+    sched.add(chat)
+    for _ in range(12):
+        sched.step()
+    c = e.runtime.cache
+    hot = {f for f in range(3 * 8) if c.tables.slot_of[f] >= 0 and c.tables.seen[f] >= c.tables.clock - 3 * 3}
+    assert hot and c.stats.scan_steps == 0 and c.stats.cpu > 0  # short prompt: like decode
+    sched.add(Sequence(torch.randint(0, 256, (200,), generator=g).tolist(), SamplingParams(max_tokens=1)))
+    sched.step()  # the long prompt's prefill, batched with the chat's next decode step
+    assert c.stats.scan_steps == 3
+    assert all(c.tables.slot_of[f] >= 0 for f in hot)

@@ -20,6 +20,7 @@ class CacheStats:
     cpu: int = 0             # misses computed on the CPU
     bytes_filled: int = 0
     bytes_cpu: int = 0       # expert bytes the CPU read for its routes
+    scan_steps: int = 0      # prefill layer steps run in scan mode (long chunks)
 
     @property
     def hit_rate(self) -> float:

@@ -30,13 +30,13 @@ class DeviceTables:
         self.slot_of[flat:flat + n] = torch.arange(slot, slot + n, device=dev)
         self.owner_of[slot:slot + n] = torch.arange(flat, flat + n, device=dev)
 
-    def plan(self, ids: list[list[int]], base: int, q: float):
+    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
         """The eager (prefill) interface of HostTables.plan, on the device tables."""
         clock = int(self.clock) + 1
         self.clock.fill_(clock)
         ids_t = torch.tensor(ids, device=self.slot_of.device)
         route, vic, fetch, hits, misses = ref.plan(ids_t, base // self.n_experts, self.n_experts,
-                                                   *self.tensors, clock, q)
+                                                   *self.tensors, clock, q, cold)
         return route.flatten().tolist(), vic.tolist(), fetch.tolist(), hits, misses
 
     @property

@@ -19,10 +19,11 @@ class MissPolicy:
             self.static_layers = max(0, n_layers - layers_that_fit) if arg == "auto" else min(int(arg), n_layers)
         self.q_star = q_star
 
-    def q(self, layer: int, prefill: bool) -> float:
+    def q(self, layer: int, scan: bool) -> float:
+        """The fetched share of a layer step's misses; scan = a long prefill chunk."""
         if layer < self.static_layers:
             return 0.0
-        if prefill or self.name == "fetch" or self.static_layers:
+        if scan or self.name == "fetch" or self.static_layers:
             return 1.0
         return 0.0 if self.name == "cpu" else self.q_star
 

@@ -14,6 +14,10 @@ from engine.moe.policy import MissPolicy
 from engine.moe.store import HostExpertStore
 from kernels import ref
 
+# A prefill chunk whose layer step routes at most this many tokens per expert on average runs
+# like decode: the CPU stays memory-bound there, so the bandwidth split still applies.
+SHORT_ROUTES_PER_EXPERT = 4
+
 
 class ExpertRuntime:
     def __init__(self, store: HostExpertStore, cache: ExpertCache, policy: MissPolicy,
@@ -84,8 +88,13 @@ class ExpertRuntime:
             return self.device_ctl.forward(layer, x, ids, weights)
         ids_h = ids.cpu()
         self._update_q()
+        # A short chunk (an agent's follow-up) is treated like decode: the q* split, fills kept
+        # hot. A long one scans nearly every expert: fetch its misses, entering as cold, so the
+        # decode working set survives it.
+        scan = prefill and ids.numel() > SHORT_ROUTES_PER_EXPERT * c.n_experts
+        c.stats.scan_steps += scan
         route, victims, fetch, hits, misses = c.tables.plan(ids_h.tolist(), layer * c.n_experts,
-                                                            self.policy.q(layer, prefill))
+                                                            self.policy.q(layer, scan), cold=scan)
         route = torch.tensor(route).view(ids_h.shape)
         cpu_ids = torch.where(route < 0, ids_h, -1)
         n_cpu = misses - len(victims)

@@ -1,7 +1,8 @@
 """Residency tables on the host for the eager path: the semantics of kernels.ref.plan (which
 the device plan kernel also implements), with O(K + F) Python work per layer step. An ordered
 LRU replaces the sort over last_use: slots touched in one step move to the end in slot order,
-which is exactly the (last_use, slot) order the reference sorts by."""
+which is exactly the (last_use, slot) order the reference sorts by; cold fills move to the front
+in slot order, where the reference's last_use of -1 puts them."""
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
@@ -27,9 +28,10 @@ class HostTables:
         for i in range(n):
             self.install(slot + i, flat + i)
 
-    def plan(self, ids: list[list[int]], base: int, q: float):
+    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
         """ids [T][K] expert ids of the layer whose flat ids start at `base` -> (route slots
-        [T*K] with -1 = CPU, victim slots, fetched expert ids, hits, misses)."""
+        [T*K] with -1 = CPU, victim slots, fetched expert ids, hits, misses). cold: the fills
+        enter as least recently used (see kernels.ref.plan)."""
         self.clock += 1
         flat = [base + e for row in ids for e in row]
         counts = Counter(flat)
@@ -45,8 +47,10 @@ class HostTables:
                 victims.append(s)
         for s, f in zip(victims, misses):
             self.install(s, f)
-        for s in sorted(hit_slots.union(victims)):
+        for s in sorted(hit_slots.union(() if cold else victims)):
             self.lru.move_to_end(s)
+        for s in sorted(victims, reverse=True) if cold else ():
+            self.lru.move_to_end(s, last=False)
         for f in uniq:
             self.seen[f] = self.clock
         return [self.slot_of[f] for f in flat], victims, [f - base for f in misses[:n]], len(hit_slots), len(misses)
