@@ -41,7 +41,10 @@ def decode(model: Optional[str] = ModelArg,
     policies = [p.strip() for p in moe_policy.split(",") if p.strip()]
     for p in policies:
         p == "adaptive-fixed" or parse_policy(p)
+    from engine.moe.routing import check_routing
     budgets = [parse_size(b.strip()) for b in expert_budget.split(",")]
+    for spec in routing.split(","):
+        check_routing(spec)
     cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context)
     cfg = replace(cfg, expert_budget=budgets[0])
     engine = load_synthetic(cfg, synthetic, layers) if synthetic else load_engine(cfg, ensure_ftw(model))

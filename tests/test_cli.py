@@ -113,3 +113,23 @@ def test_bad_checkpoints_are_refused(tiny_hf, tmp_path):
     (odd / "model.safetensors").write_bytes(b"\x00" * 64)
     one_line_error(cli("convert", odd, tmp_path / "o2"), "model.safetensors")
     assert not (tmp_path / "o2").exists() and not list(tmp_path.glob(".o2*"))
+
+
+def test_record_trace_then_bench_decode_replays_it(tiny_hf, tmp_path):
+    import numpy as np
+    trace = tmp_path / "trace.npy"
+    r = cli("run", tiny_hf, "-p", "def f(x):", "--raw", "--max-tokens", 6, "--ignore-eos", "--device", "cpu",
+            "--record-trace", trace)
+    assert r.exit_code == 0, r.output
+    ids = np.load(trace)
+    assert ids.shape[1:] == (3, 2) and ids.shape[0] >= 6 and ids.max() < 8
+    r = cli("bench", "decode", tiny_hf, "--device", "cpu", "--tokens", 4, "--repeats", 1, "--expert-budget",
+            "1MiB", "--moe-policy", "adaptive,fetch,cpu", "--routing", f"model,trace:{trace}", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert [(x["routing"], x["policy"]) for x in rows] == [
+        (rt, p) for rt in ("model", "trace.npy") for p in ("adaptive", "fetch", "cpu")]
+    for x in rows:
+        assert x["tok_s"] > 0 and 0 <= x["hit_rate"] <= 1 and x["bound_tok_s"] > 0
+        assert x["cpu"] == 0 if x["policy"] == "fetch" else x["fetched"] == 0 if x["policy"] == "cpu" else True
+    one_line_error(cli("bench", "decode", tiny_hf, "--routing", "trace:/no/such.npy", "--device", "cpu"), "trace")

@@ -59,6 +59,15 @@ class Recorder:
         np.save(self.path, trace.numpy())
 
 
+def check_routing(spec: str) -> None:
+    """Refuse a bad --routing value before any heavy work."""
+    if spec.startswith("trace:") and not Path(spec[6:]).is_file():
+        raise UserError(f"cannot read routing trace {spec[6:]} (no such file); "
+                        "record one with `freetoken run --record-trace FILE`")
+    if spec not in ("model", "uniform") and not spec.startswith("trace:"):
+        raise UserError(f"unknown --routing {spec!r}; choose model, uniform or trace:FILE")
+
+
 def make_routing(spec: str, n_layers: int, n_experts: int, top_k: int, seed: int = 0):
     """'model' -> None (the router decides); 'uniform'; 'trace:FILE'."""
     if spec == "model":
