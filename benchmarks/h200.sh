@@ -37,4 +37,7 @@ decode-b)  # issue 4: a locality trace, and a competing host-memory load
     --out "$out/decode_b.json" > "$out/decode_b.txt" 2>&1; cat "$out/decode_b.txt"
   ft bench decode $shape --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed --routing trace:/tmp/trace.npy \
     --contention 6 --out "$out/decode_c.json" > "$out/decode_c.txt" 2>&1; cat "$out/decode_c.txt" ;;
+prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 200-token follow-up
+  ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 8GiB --lengths 1024,4096,16384 \
+    --follow-up 200 --out "$out/prefill.json" > "$out/prefill.txt" 2>&1; cat "$out/prefill.txt" ;;
 esac

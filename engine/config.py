@@ -59,6 +59,7 @@ class EngineConfig:
     kv_tokens: int | None = None        # KV pool size in tokens; None = max_context * max_running
     verify: bool = False                # verify FTW checksums at load
     graph: bool | None = None           # device-resident control + CUDA-graph decode; None = on CUDA
+    prefill_mode: str = "adaptive"      # long prefill chunks: adaptive | stream | routed (engine.moe.prefill)
 
 
 @dataclass(frozen=True)

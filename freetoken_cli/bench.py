@@ -60,6 +60,52 @@ def decode(model: Optional[str] = ModelArg,
         _table(rows, prof, engine, cfg)
 
 
+@app.command("prefill")
+@user_errors
+def prefill(model: Optional[str] = ModelArg,
+            synthetic: Optional[str] = typer.Option(None, help="random weights of a real shape (see bench decode)"),
+            layers: Optional[int] = typer.Option(None, help="with --synthetic: keep only the first N layers"),
+            expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB"),
+            cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads"),
+            mode: str = typer.Option("stream,routed,adaptive", help="comma list of prefill modes"),
+            lengths: str = typer.Option("1024,4096,16384", help="comma list of cold prompt lengths"),
+            follow_up: int = typer.Option(200, help="tokens of a follow-up after the last (cached) prompt; 0 = none"),
+            prefill_chunk: int = typer.Option(2048, help="tokens per prefill chunk"),
+            device: str = typer.Option("auto", help="cuda | cpu | auto"),
+            as_json: bool = typer.Option(False, "--json", help="print rows as JSON"),
+            out: Optional[Path] = typer.Option(None, help="also write the rows as JSON to this file")):
+    """Time to first token per prefill mode, beside the PCIe streaming bound."""
+    from benchmarks.prefill import run
+    from engine.loader import load_engine, load_synthetic
+    from engine.moe.prefill import PREFILL_MODES
+    from engine.profile import load_or_measure
+    from engine.resolve import ensure_ftw
+    modes = [m.strip() for m in mode.split(",")]
+    from engine.errors import UserError
+    if bad := [m for m in modes if m not in PREFILL_MODES]:
+        raise UserError(f"unknown --mode {bad[0]!r}; choose from {', '.join(PREFILL_MODES)}")
+    sizes = [int(n) for n in lengths.split(",")]
+    cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
+                        prefill_chunk=prefill_chunk)
+    engine = load_synthetic(cfg, synthetic, layers) if synthetic else load_engine(cfg, ensure_ftw(model))
+    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
+    rows = run(engine, cfg, modes, sizes, follow_up, prof)
+    if out:
+        out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
+    if as_json:
+        typer.echo(json.dumps({"rows": rows, "profile": prof}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"prefill: {engine.cfg.num_layers} layers x {engine.cfg.num_experts} experts, chunk {prefill_chunk}")
+    for col in ("mode", "prompt", "tokens", "TTFT s", "streaming bound s", "TTFT / bound", "layers streamed", "moved GiB"):
+        t.add_column(col, justify="left" if col in ("mode", "prompt") else "right")
+    for r in rows:
+        t.add_row(r["mode"], r["prompt"], str(r["tokens"]), f"{r['ttft_s']:.3f}", f"{r['bound_s']:.3f}",
+                  f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}")
+    Console(width=max(150, Console().width)).print(t)
+
+
 def _table(rows: list[dict], prof: dict, engine, cfg) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -133,3 +133,16 @@ def test_record_trace_then_bench_decode_replays_it(tiny_hf, tmp_path):
         assert x["tok_s"] > 0 and 0 <= x["hit_rate"] <= 1 and x["bound_tok_s"] > 0
         assert x["cpu"] == 0 if x["policy"] == "fetch" else x["fetched"] == 0 if x["policy"] == "cpu" else True
     one_line_error(cli("bench", "decode", tiny_hf, "--routing", "trace:/no/such.npy", "--device", "cpu"), "trace")
+
+
+def test_bench_prefill_rows(tiny_hf):
+    r = cli("bench", "prefill", tiny_hf, "--device", "cpu", "--lengths", "64,160", "--follow-up", 12,
+            "--prefill-chunk", 64, "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert [(x["mode"], x["prompt"]) for x in rows] == [
+        (m, p) for m in ("stream", "routed", "adaptive") for p in ("cold", "cold", "+12 after 160")]
+    for x in rows:
+        assert x["ttft_s"] > 0 and x["bound_s"] > 0
+        assert (x["streamed_layers"] > 0) == (x["mode"] == "stream" and x["prompt"] == "cold")
+    one_line_error(cli("bench", "prefill", tiny_hf, "--mode", "teleport"), "teleport")

@@ -21,6 +21,7 @@ class CacheStats:
     bytes_filled: int = 0
     bytes_cpu: int = 0       # expert bytes the CPU read for its routes
     scan_steps: int = 0      # prefill layer steps run in scan mode (long chunks)
+    stream_layers: int = 0   # of those, layers streamed whole into a prefill buffer
 
     @property
     def hit_rate(self) -> float:

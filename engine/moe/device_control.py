@@ -39,6 +39,22 @@ class DeviceTables:
                                                    *self.tensors, clock, q, cold)
         return route.flatten().tolist(), vic.tolist(), fetch.tolist(), hits, misses
 
+    def reserve(self, n: int) -> list[int]:
+        """Take the n least recently used slots out of the cache (prefill buffers)."""
+        idx = torch.argsort(self.last_use, stable=True)[:n]
+        old = self.owner_of[idx]
+        self.slot_of[old[old >= 0]] = -1
+        self.owner_of[idx] = -1
+        self.last_use[idx] = torch.iinfo(torch.int64).max  # last in line for victims
+        return idx.tolist()
+
+    def release(self, slots: list[int]) -> None:
+        self.last_use[torch.tensor(slots, device=self.last_use.device)] = -1
+
+    def missing(self, ids: list[list[int]], base: int) -> int:
+        flat = torch.tensor(sorted({base + e for row in ids for e in row}), device=self.slot_of.device)
+        return int((self.slot_of[flat] < 0).sum())
+
     @property
     def owned(self) -> int:
         return int((self.owner_of >= 0).sum())

@@ -11,6 +11,7 @@ import torch
 from engine.moe.cache import ExpertCache
 from engine.moe.estimator import BandwidthEstimator
 from engine.moe.policy import MissPolicy
+from engine.moe.prefill import LayerStreamer
 from engine.moe.store import HostExpertStore
 from kernels import ref
 
@@ -21,7 +22,7 @@ SHORT_ROUTES_PER_EXPERT = 4
 
 class ExpertRuntime:
     def __init__(self, store: HostExpertStore, cache: ExpertCache, policy: MissPolicy,
-                 cpu_threads: int | None = None):
+                 cpu_threads: int | None = None, prefill_mode: str = "adaptive"):
         self.store, self.cache, self.policy = store, cache, policy
         self.cpu_threads, self._cpu = cpu_threads, None
         self.act = "silu"
@@ -30,6 +31,7 @@ class ExpertRuntime:
         self._pending_fill = None  # (start event, end event, bytes) timed once complete
         self._experts = ref.moe_experts
         self.device_ctl = None  # engine.moe.device_control.DeviceControl in graph mode
+        self.streamer = LayerStreamer(self, prefill_mode)
         if cache.pool.is_cuda:  # decode-sized batches run the Triton GEMV kernel
             from kernels.moe_triton import moe_experts_auto
             self._experts = moe_experts_auto
@@ -89,10 +91,32 @@ class ExpertRuntime:
         ids_h = ids.cpu()
         self._update_q()
         # A short chunk (an agent's follow-up) is treated like decode: the q* split, fills kept
-        # hot. A long one scans nearly every expert: fetch its misses, entering as cold, so the
-        # decode working set survives it.
+        # hot. A long one scans nearly every expert: each layer is either streamed whole into a
+        # prefill buffer or has its misses fetched as cold entries, so the decode working set
+        # survives it.
         scan = prefill and ids.numel() > SHORT_ROUTES_PER_EXPERT * c.n_experts
-        c.stats.scan_steps += scan
+        st = self.streamer
+        if scan:
+            c.stats.scan_steps += 1
+            if layer == 0 and st.usable:
+                st.begin()
+        slots = st.take(layer) if scan else None
+        if slots is not None:
+            out = self._experts(x, c.w["gate_up"], c.w["down"], slots[ids], weights, self.act)
+            missing = c.tables.missing(ids_h.tolist(), layer * c.n_experts)
+        else:
+            out, missing = self._routed(layer, x, ids_h, weights, scan)
+        if scan:
+            if self.policy.cacheable(layer + 1):
+                st.maybe_prefetch(layer + 1, missing)
+            if layer == len(self.store.banks) - 1 and st.active:
+                st.end()
+        return out.to(x.dtype)
+
+    def _routed(self, layer: int, x: torch.Tensor, ids_h: torch.Tensor, weights: torch.Tensor, scan: bool):
+        """Plan against the cache, fill the fetched misses, run the CPU misses concurrently, merge.
+        -> (out [T, H] float32, misses)."""
+        c = self.cache
         route, victims, fetch, hits, misses = c.tables.plan(ids_h.tolist(), layer * c.n_experts,
                                                             self.policy.q(layer, scan), cold=scan)
         route = torch.tensor(route).view(ids_h.shape)
@@ -110,7 +134,7 @@ class ExpertRuntime:
                 self.estimator.cpu(n_cpu * self.store.layout.slot_bytes, getattr(fut, "seconds", None)
                                    or time.perf_counter() - t0)
             out += out_h.to(x.device, non_blocking=True)
-        return out.to(x.dtype)
+        return out, misses
 
     def _submit_cpu(self, layer: int, x: torch.Tensor, cpu_ids: torch.Tensor, weights: torch.Tensor, n: int):
         bank = self.store.views[layer]

@@ -28,6 +28,25 @@ class HostTables:
         for i in range(n):
             self.install(slot + i, flat + i)
 
+    def reserve(self, n: int) -> list[int]:
+        """Take the n least recently used slots out of the cache (prefill buffers)."""
+        slots = list(self.lru)[:n]
+        for s in slots:
+            if self.owner_of[s] >= 0:
+                self.slot_of[self.owner_of[s]] = -1
+                self.owner_of[s] = -1
+            del self.lru[s]
+        return slots
+
+    def release(self, slots: list[int]) -> None:
+        """Return reserved slots as empty, least recently used."""
+        for s in sorted(slots, reverse=True):
+            self.lru[s] = None
+            self.lru.move_to_end(s, last=False)
+
+    def missing(self, ids: list[list[int]], base: int) -> int:
+        return sum(self.slot_of[base + e] < 0 for e in {e for row in ids for e in row})
+
     def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
         """ids [T][K] expert ids of the layer whose flat ids start at `base` -> (route slots
         [T*K] with -1 = CPU, victim slots, fetched expert ids, hits, misses). cold: the fills
@@ -45,6 +64,7 @@ class HostTables:
                 break
             if s not in hit_slots:
                 victims.append(s)
+        assert len(victims) == n, "a routed step ran out of slots (reserved prefill buffers?)"
         for s, f in zip(victims, misses):
             self.install(s, f)
         for s in sorted(hit_slots.union(() if cold else victims)):

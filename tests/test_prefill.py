@@ -1,0 +1,56 @@
+"""Prefill of long chunks: streamed (double-buffered whole layers), routed, or chosen per layer by
+the bandwidth model; every mode gives the logits of plain prefill."""
+import pytest
+import torch
+from conftest import load
+
+from engine.kv.batch import ForwardBatch
+
+
+def prefill_logits(engine, ids):
+    pages = engine.kv.alloc(-(-len(ids) // engine.kv.page_size))
+    try:
+        b = ForwardBatch.build([(ids, 0, pages)], engine.kv.page_size, engine.device, all_logits=True)
+        return engine.model(b, engine.kv)
+    finally:
+        engine.kv.release(pages)
+
+
+def empty_cache(engine):
+    """Evict every expert (the budget holds them all, so they were preloaded)."""
+    t = engine.runtime.cache.tables
+    t.release(t.reserve(engine.runtime.cache.n_slots))
+
+
+@pytest.mark.parametrize("mode", ["stream", "routed", "adaptive"])
+def test_prefill_modes_match_plain_prefill(tiny_model, mode):
+    _, _, ftw = tiny_model("qwen3_moe")
+    ids = torch.randint(0, 256, (96,), generator=torch.Generator().manual_seed(12)).tolist()
+    want = prefill_logits(load(ftw), ids)
+    e = load(ftw, prefill_mode=mode, moe_policy="fetch")
+    empty_cache(e)
+    e.runtime.set_bandwidths(1e6, 1.0)  # a fast link: adaptive streams whenever a layer misses
+    first = prefill_logits(e, ids)
+    second = prefill_logits(e, ids)  # buffers were returned and reused
+    assert torch.equal(first, want) and torch.equal(second, want)
+    st = e.runtime.cache.stats
+    assert st.scan_steps == 6
+    assert (st.stream_layers > 0) == (mode != "routed")
+    assert e.runtime.streamer.slots is None  # buffers given back after each chunk
+
+
+def test_adaptive_streams_only_when_the_link_hides_behind_compute(tiny_model):
+    _, _, ftw = tiny_model("qwen3_moe")
+    ids = torch.randint(0, 256, (96,), generator=torch.Generator().manual_seed(13)).tolist()
+    streamed = []
+    for b_p in (1e-6, 1e6):  # GB/s: moving a layer takes forever / no time at all
+        e = load(ftw, prefill_mode="adaptive", moe_policy="fetch")
+        t = e.runtime.cache.tables
+        t.release(t.reserve(4))  # half of layer 0's experts leave the cache; the rest stay
+        e.runtime.set_bandwidths(b_p, 1.0)
+        prefill_logits(e, ids)
+        streamed.append(e.runtime.cache.stats.stream_layers)
+    # layer 0 missed 4 of 8 experts: streaming layer 1 moves 4 extra experts, worth it only when
+    # that hides behind a layer's compute (then the buffers, taken from the 16 coldest slots,
+    # evict layer 2's experts, so layer 2 streams too)
+    assert streamed == [0, 2]
