@@ -10,27 +10,34 @@ import typer
 
 from freetoken_cli.common import ModelArg, engine_config, user_errors
 
+Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny")
+Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
+Threads = typer.Option(None, help="CPU expert threads")
+Device = typer.Option("auto", help="cuda | cpu | auto")
+Json = typer.Option(False, "--json", help="print rows as JSON")
+Out = typer.Option(None, help="also write the rows and profile as JSON to this file")
+
 app = typer.Typer(help="Benchmarks: decode throughput per miss policy (and prefill TTFT).", no_args_is_help=True)
 
 
 @app.command("decode")
 @user_errors
 def decode(model: Optional[str] = ModelArg,
-           synthetic: Optional[str] = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny"),
-           layers: Optional[int] = typer.Option(None, help="with --synthetic: keep only the first N layers"),
+           synthetic: Optional[str] = Synthetic,
+           layers: Optional[int] = Layers,
            expert_budget: str = typer.Option("auto", help="expert cache size(s), comma list: 4GiB,8GiB,auto"),
-           cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads"),
+           cpu_threads: Optional[int] = Threads,
            moe_policy: str = typer.Option("adaptive,fetch,cpu", help="comma list; adaptive-fixed = q* never re-estimated"),
            routing: str = typer.Option("model", help="comma list of model | uniform | trace:FILE"),
            tokens: int = typer.Option(64, help="decode tokens per repeat"),
            repeats: int = typer.Option(3, help="repeats per policy (median reported)"),
            prompt_tokens: int = typer.Option(32, help="prompt length"),
            contention: int = typer.Option(0, help="also measure with N processes streaming through host RAM"),
-           device: str = typer.Option("auto", help="cuda | cpu | auto"),
+           device: str = Device,
            graph: str = typer.Option("on", help="comma list of on | off: CUDA-graph decode rows, eager rows"),
            max_context: int = typer.Option(4096, help="context length"),
-           as_json: bool = typer.Option(False, "--json", help="print rows as JSON"),
-           out: Optional[Path] = typer.Option(None, help="also write the rows and profile as JSON to this file")):
+           as_json: bool = Json,
+           out: Optional[Path] = Out):
     """Decode tok/s for each miss policy, with hit rate, traffic and the bound."""
     from benchmarks.decode import run
     from engine.config import parse_policy
@@ -63,17 +70,17 @@ def decode(model: Optional[str] = ModelArg,
 @app.command("prefill")
 @user_errors
 def prefill(model: Optional[str] = ModelArg,
-            synthetic: Optional[str] = typer.Option(None, help="random weights of a real shape (see bench decode)"),
-            layers: Optional[int] = typer.Option(None, help="with --synthetic: keep only the first N layers"),
+            synthetic: Optional[str] = Synthetic,
+            layers: Optional[int] = Layers,
             expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB"),
-            cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads"),
+            cpu_threads: Optional[int] = Threads,
             mode: str = typer.Option("stream,routed,adaptive", help="comma list of prefill modes"),
             lengths: str = typer.Option("1024,4096,16384", help="comma list of cold prompt lengths"),
             follow_up: int = typer.Option(200, help="tokens of a follow-up after the last (cached) prompt; 0 = none"),
             prefill_chunk: int = typer.Option(2048, help="tokens per prefill chunk"),
-            device: str = typer.Option("auto", help="cuda | cpu | auto"),
-            as_json: bool = typer.Option(False, "--json", help="print rows as JSON"),
-            out: Optional[Path] = typer.Option(None, help="also write the rows as JSON to this file")):
+            device: str = Device,
+            as_json: bool = Json,
+            out: Optional[Path] = Out):
     """Time to first token per prefill mode, beside the PCIe streaming bound."""
     from benchmarks.prefill import run
     from engine.loader import load_engine, load_synthetic

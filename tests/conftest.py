@@ -75,3 +75,14 @@ def greedy(engine, prompt: list[int], n: int) -> list[int]:
     while not seq.finish:
         sched.step()
     return seq.output
+
+
+def prefill_logits(engine, ids: list[int]) -> torch.Tensor:
+    """Logits of every position of `ids`, prefilled in one step (pages released after)."""
+    from engine.kv.batch import ForwardBatch
+    pages = engine.kv.alloc(-(-len(ids) // engine.kv.page_size))
+    try:
+        b = ForwardBatch.build([(ids, 0, pages)], engine.kv.page_size, engine.device, all_logits=True)
+        return engine.model(b, engine.kv)
+    finally:
+        engine.kv.release(pages)

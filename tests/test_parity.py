@@ -1,22 +1,13 @@
 """Every architecture, in both expert layouts, against transformers itself (fp32)."""
 import pytest
 import torch
-from conftest import ARCHS, greedy, load
+from conftest import ARCHS, greedy, load, prefill_logits
 
 from engine.kv.batch import ForwardBatch
 
 
 def prompt(n=64, seed=1):
     return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def full_logits(engine, ids):
-    pages = engine.kv.alloc(-(-len(ids) // engine.kv.page_size))
-    try:
-        b = ForwardBatch.build([(ids, 0, pages)], engine.kv.page_size, engine.device, all_logits=True)
-        return engine.model(b, engine.kv)
-    finally:
-        engine.kv.release(pages)
 
 
 def rel_err(a, b):
@@ -34,7 +25,7 @@ def test_logits_and_greedy_match_transformers(tiny_model, arch, fused):
         want = ref(torch.tensor([ids])).logits[0]
         want_tokens = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                                    eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
-    assert rel_err(full_logits(engine, ids), want) < 1e-4
+    assert rel_err(prefill_logits(engine, ids), want) < 1e-4
     assert greedy(engine, ids, 32) == want_tokens
 
 
@@ -42,7 +33,7 @@ def test_logits_and_greedy_match_transformers(tiny_model, arch, fused):
 def test_incremental_decode_equals_full_prefill(tiny_model, arch):
     engine = load(tiny_model(arch)[2])
     ids = prompt(40, seed=2)
-    full = full_logits(engine, ids)
+    full = prefill_logits(engine, ids)
     pages = engine.kv.alloc(3)
     step_logits = []
     # prefill 16 tokens in chunks of 7, 9, then decode the rest one token at a time

@@ -2,18 +2,7 @@
 the bandwidth model; every mode gives the logits of plain prefill."""
 import pytest
 import torch
-from conftest import load
-
-from engine.kv.batch import ForwardBatch
-
-
-def prefill_logits(engine, ids):
-    pages = engine.kv.alloc(-(-len(ids) // engine.kv.page_size))
-    try:
-        b = ForwardBatch.build([(ids, 0, pages)], engine.kv.page_size, engine.device, all_logits=True)
-        return engine.model(b, engine.kv)
-    finally:
-        engine.kv.release(pages)
+from conftest import load, prefill_logits
 
 
 def empty_cache(engine):
