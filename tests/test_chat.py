@@ -2,7 +2,6 @@
 message, Ctrl-C during an answer (stops the answer, not the session), /exit."""
 import os
 import sys
-import time
 
 import pexpect
 
@@ -11,7 +10,7 @@ PROMPT = ">>> "
 
 def test_interactive_session():
     child = pexpect.spawn(sys.executable, ["-m", "freetoken_cli.main", "run", "--device", "cpu",
-                                           "--max-tokens", "200", "--ignore-eos"],
+                                           "--max-tokens", "400", "--ignore-eos"],
                           env=dict(os.environ), encoding="utf-8", timeout=180)
     try:
         child.expect(PROMPT)
@@ -30,8 +29,9 @@ def test_interactive_session():
         child.expect("history cleared")
         child.expect(PROMPT)
         child.sendline("Explain list comprehensions")
-        time.sleep(1.0)
-        child.sendintr()
+        child.expect("comprehensions\r?\n")  # the echoed line; the answer starts streaming now
+        child.expect(r"\S")
+        child.sendintr()  # 400 tokens take seconds: this lands mid-answer
         child.expect("stopped")
         child.expect(PROMPT)  # the session survives Ctrl-C
         child.sendline("/exit")
