@@ -158,8 +158,8 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
     policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
     graph = use_graphs(config, engine.device)
     cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device, device_tables=graph)
-    runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode)
-    runtime._cpu = old._cpu if old is not None else None  # keep the worker pool
+    runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode,
+                            old._cpu if old is not None else None)  # keep the worker pool
     runtime.routing = routing
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
         runtime.warm()

@@ -57,5 +57,4 @@ class ExpertCache:
 
     @property
     def occupancy(self) -> float:
-        t = self.tables
-        return (t.owned if hasattr(t, "owned") else sum(o >= 0 for o in t.owner_of)) / self.n_slots
+        return self.tables.owned / self.n_slots

@@ -70,10 +70,9 @@ def check_routing(spec: str) -> None:
 
 def make_routing(spec: str, n_layers: int, n_experts: int, top_k: int, seed: int = 0):
     """'model' -> None (the router decides); 'uniform'; 'trace:FILE'."""
+    check_routing(spec)
     if spec == "model":
         return None
     if spec == "uniform":
         return Uniform(n_experts, seed)
-    if spec.startswith("trace:"):
-        return Replay(Path(spec[6:]), n_layers, n_experts, top_k)
-    raise UserError(f"unknown --routing {spec!r}; choose model, uniform or trace:FILE")
+    return Replay(Path(spec[6:]), n_layers, n_experts, top_k)

@@ -22,9 +22,9 @@ SHORT_ROUTES_PER_EXPERT = 4
 
 class ExpertRuntime:
     def __init__(self, store: HostExpertStore, cache: ExpertCache, policy: MissPolicy,
-                 cpu_threads: int | None = None, prefill_mode: str = "adaptive"):
+                 cpu_threads: int | None = None, prefill_mode: str = "adaptive", cpu=None):
         self.store, self.cache, self.policy = store, cache, policy
-        self.cpu_threads, self._cpu = cpu_threads, None
+        self.cpu_threads, self._cpu = cpu_threads, cpu  # cpu: an executor to reuse (cache rebuilds)
         self.act = "silu"
         self.routing = None      # optional (layer, ids) -> ids: trace replay, uniform, or a recorder
         self.estimator: BandwidthEstimator | None = None  # None = q* stays as set

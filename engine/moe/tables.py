@@ -24,6 +24,10 @@ class HostTables:
             self.slot_of[old] = -1
         self.slot_of[flat], self.owner_of[slot] = slot, flat
 
+    @property
+    def owned(self) -> int:
+        return sum(o >= 0 for o in self.owner_of)
+
     def install_block(self, slot: int, flat: int, n: int) -> None:
         for i in range(n):
             self.install(slot + i, flat + i)
