@@ -161,8 +161,6 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
     runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode,
                             old._cpu if old is not None else None)  # keep the worker pool
     runtime.routing = routing
-    if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
-        runtime.warm()
     for block in engine.model.moe_blocks():
         block.runtime = runtime
     engine.runtime = runtime
@@ -174,7 +172,10 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
             from engine.graphs import DecodeGraphs
             engine.graphs = DecodeGraphs(engine.model, engine.kv, -(-engine.max_context // engine.kv.page_size),
                                          range(1, config.max_running + 1))
-            runtime.device_ctl.stats.zero_()  # the warm-up steps ran on dummy tokens
+            cache.tables.clear()  # the warm-up steps ran on dummy tokens: start from an empty cache
+            runtime.device_ctl.stats.zero_()
+    if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
+        runtime.warm()
     return runtime
 
 

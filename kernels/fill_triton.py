@@ -14,10 +14,10 @@ def _fill_kernel(src_ptr, dst_ptr, vic_ptr, fetch_ptr, base, W, CHUNK: tl.conste
     i, c = tl.program_id(0), tl.program_id(1)
     slot = tl.load(vic_ptr + i).to(tl.int64)
     row = (tl.load(fetch_ptr + i) + base).to(tl.int64)
-    lim = tl.where(slot >= 0, W, 0)  # padded entries (slot -1) copy nothing
-    for off in range(0, CHUNK, BLOCK):
+    n = tl.where(slot >= 0, CHUNK, 0)  # padded entries (slot -1) copy nothing
+    for off in range(0, n, BLOCK):
         o = c * CHUNK + off + tl.arange(0, BLOCK)
-        m = o < lim
+        m = o < W
         v = tl.load(src_ptr + row * W + o, mask=m)
         tl.store(dst_ptr + slot * W + o, v, mask=m)
 

@@ -122,7 +122,7 @@ def bench_plan(T: int = 1, K: int = 8, S: int = 800, E: int = 128, L: int = 48,
     slot_of, seen = (torch.full((L * E,), -1, dtype=torch.int64, device=dev) for _ in range(2))
     owner_of, last_use = (torch.full((S,), -1, dtype=torch.int64, device=dev) for _ in range(2))
     clock = torch.zeros(1, dtype=torch.int64, device=dev)
-    qt = torch.tensor([q], device=dev)
+    qt = torch.tensor([q], dtype=torch.float64, device=dev)
     ids = [torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(T)]) for _ in range(steps)]
     route = torch.empty(T, K, dtype=torch.int64, device=dev)
     vic, fetch = (torch.empty(T * K, dtype=torch.int64, device=dev) for _ in range(2))

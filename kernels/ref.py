@@ -63,6 +63,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
             mask = kpos <= qpos
             if window:
                 mask &= kpos > qpos - window
+        if q.is_cuda and k.shape[0] != qb.shape[0]:  # whole heads: a fused masked kernel, no [T, ctx] scores
+            k, v = (t.repeat_interleave(qb.shape[0] // k.shape[0], 0) for t in (k, v))
         o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale,
                                            enable_gqa=k.shape[0] != qb.shape[0])
         out.append(o.transpose(0, 1))

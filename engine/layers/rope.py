@@ -7,6 +7,7 @@ import math
 import torch
 
 from engine.errors import UserError
+from engine.layers.fuse import fused
 
 
 def _yarn(rp: dict, dim: int, base: float) -> tuple[torch.Tensor, float]:
@@ -67,7 +68,6 @@ class Rope:
     def __init__(self, rp: dict, head_dim: int, device: torch.device):
         inv, self.scale = inv_freq(rp, head_dim)
         self.inv = inv.to(device)
-        self.rot = inv.numel() * 2  # rotated dims; the rest pass through (partial rotary)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
         freqs = positions.float()[:, None] * self.inv[None, :]
@@ -75,8 +75,14 @@ class Rope:
         return (emb.cos() * self.scale).to(dtype)[:, None, :], (emb.sin() * self.scale).to(dtype)[:, None, :]
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        xr, xp = x[..., :self.rot], x[..., self.rot:]
-        half = self.rot // 2
-        rotated = torch.cat((-xr[..., half:], xr[..., :half]), dim=-1)
-        out = xr * cos + rotated * sin
-        return torch.cat((out, xp), dim=-1) if xp.numel() else out
+        return apply_rope(x, cos, sin)
+
+
+@fused
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim]; cos, sin [T, 1, rot]: the first rot dims rotate, the rest pass."""
+    rot = cos.shape[-1]
+    xr, xp = x[..., :rot], x[..., rot:]
+    rotated = torch.cat((-xr[..., rot // 2:], xr[..., :rot // 2]), dim=-1)
+    out = xr * cos + rotated * sin
+    return torch.cat((out, xp), dim=-1) if rot < x.shape[-1] else out

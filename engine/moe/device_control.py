@@ -24,6 +24,11 @@ class DeviceTables:
     def tensors(self) -> tuple:
         return self.slot_of, self.owner_of, self.last_use, self.seen
 
+    def clear(self) -> None:
+        for t in self.tensors:
+            t.fill_(-1)
+        self.clock.zero_()
+
     def install_block(self, slot: int, flat: int, n: int) -> None:
         """Slots slot..slot+n hold flat ids flat..flat+n (empty slots, at load time)."""
         dev = self.slot_of.device
@@ -71,7 +76,7 @@ class DeviceControl:
         i64 = dict(dtype=torch.int64, device=dev)
         self.route, self.victims, self.fetch = (torch.empty(n, **i64) for _ in range(3))
         self.counts, self.stats = torch.zeros(3, **i64), torch.zeros(3, **i64)  # hits, misses, fetched
-        self.q = torch.ones(n_layers, dtype=torch.float32, device=dev)
+        self.q = torch.ones(n_layers, dtype=torch.float64, device=dev)  # float64: the host's split rule exactly
         self.q_host = [1.0] * n_layers
         self.poller = None
         if self.cuda and any(rt.policy.may_cpu(layer) for layer in range(n_layers)):
@@ -98,7 +103,7 @@ class DeviceControl:
         """Copy the policy's per-layer decode q into device data (outside any graph)."""
         q = [policy.q(layer, False) for layer in range(self.q.numel())]
         if q != self.q_host:
-            self.q.copy_(torch.tensor(q))
+            self.q.copy_(torch.tensor(q, dtype=torch.float64))
             self.q_host = q
 
     def collect(self, stats, slot_bytes: int) -> None:

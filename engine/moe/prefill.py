@@ -4,9 +4,12 @@ copy stream loads all of layer l+1's experts into the other. Layers computed fro
 touch the cache tables, so the decode working set survives the prefill.
 
 Whether to stream the next layer follows the bandwidth model: streaming moves all E experts but
-behind the current layer's compute; fetching moves only the m routed experts that are not
-resident, in the foreground. Stream when (E - m) * slot_bytes / B_P <= the time one layer takes (mode "adaptive", which needs a
-B_P estimate; without one it fetches); "stream" and "routed" force one side (benchmarks, tests).
+behind the compute, max(E * slot / B_P, c); fetching moves only the m routed experts that are not
+resident, in the foreground, m * slot / B_P + c. Stream when (E - m) * slot / B_P <= c, the
+compute time of one layer (mode "adaptive", which needs a B_P estimate; without one it fetches).
+c is measured between these decisions (the host waits for every layer's routing), less the
+foreground fetches in that window; a window that waited for a streamed layer is not used.
+"stream" and "routed" force one side (benchmarks, tests).
 The buffers are taken at the first streamed layer of a chunk, so a chunk that never streams
 leaves the cache alone."""
 from __future__ import annotations
@@ -27,7 +30,8 @@ class LayerStreamer:
         self.active = False                      # a long chunk is running
         self.slots: list[int] | None = None      # the 2E reserved slots, taken at the first stream
         self.ready: dict[int, tuple] = {}        # layer -> (slot ids [E] on the device, event)
-        self.t_last = 0.0
+        self.t_last, self.compute = 0.0, 0.0     # last decision's time, one layer's compute (s)
+        self.last = (False, 0)                   # previous layer: (streamed, experts fetched)
 
     @property
     def usable(self) -> bool:
@@ -35,7 +39,7 @@ class LayerStreamer:
         return self.mode != "routed" and self.rt.cache.n_slots >= 3 * self.E
 
     def begin(self) -> None:
-        self.active, self.ready, self.t_last = True, {}, time.perf_counter()
+        self.active, self.ready, self.t_last, self.last = True, {}, time.perf_counter(), (False, 0)
 
     def end(self) -> None:
         if self.slots is not None:
@@ -53,14 +57,18 @@ class LayerStreamer:
             torch.cuda.current_stream().wait_event(event)
         return slots
 
-    def maybe_prefetch(self, layer: int, missing: int) -> None:
-        """After layer-1's routing: start streaming `layer` if the bandwidth model says so."""
+    def maybe_prefetch(self, layer: int, missing: int, streamed: bool) -> None:
+        """After layer-1's step (`streamed` from a buffer, else `missing` experts fetched): start
+        streaming `layer` if the bandwidth model says so."""
         now = time.perf_counter()
-        elapsed, self.t_last = now - self.t_last, now
+        b_p = self.rt.estimator.b_p if self.rt.estimator else 0.0  # 0: no link estimate, fetch
+        slot_bytes, (was_streamed, fetched) = self.rt.store.layout.slot_bytes, self.last
+        if b_p > 0 and not was_streamed:
+            self.compute = max(0.0, now - self.t_last - fetched * slot_bytes / b_p)
+        self.t_last, self.last = now, (streamed, 0 if streamed else missing)
         if not self.active or layer >= len(self.rt.store.banks):
             return
-        est, slot_bytes = self.rt.estimator, self.rt.store.layout.slot_bytes
-        if self.mode == "stream" or missing and est and (self.E - missing) * slot_bytes / est.b_p <= elapsed:
+        if self.mode == "stream" or missing and b_p > 0 and (self.E - missing) * slot_bytes / b_p <= self.compute:
             self._load(layer)
 
     def _load(self, layer: int) -> None:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import torch
 
+from engine.layers.fuse import fused
 from engine.models.base import RouterSpec
 
 
+@fused
 def route(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None):
     """logits [T, E] -> (weights [T, K] in logits' dtype, expert ids [T, K] int64)."""
     scores = logits.float().softmax(-1) if spec.scoring == "softmax" else logits.float().sigmoid()

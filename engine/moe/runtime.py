@@ -108,7 +108,7 @@ class ExpertRuntime:
             out, missing = self._routed(layer, x, ids_h, weights, scan)
         if scan:
             if self.policy.cacheable(layer + 1):
-                st.maybe_prefetch(layer + 1, missing)
+                st.maybe_prefetch(layer + 1, missing, slots is not None)
             if layer == len(self.store.banks) - 1 and st.active:
                 st.end()
         return out.to(x.dtype)

@@ -1,0 +1,24 @@
+"""Elementwise chains fused on the GPU. A decode step runs dozens of tiny ops per layer (norms,
+rotary embeddings, router scoring), each a ~2 us kernel launch; torch.compile turns each small
+function below into one or two kernels. Other devices run the plain function, which stays the
+reference."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def fused(fn):
+    """fn, compiled (shape-generic) on first use with a CUDA tensor as its first argument."""
+    compiled = None
+
+    @functools.wraps(fn)
+    def call(x, *args):
+        nonlocal compiled
+        if not x.is_cuda:
+            return fn(x, *args)
+        if compiled is None:
+            compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+        return compiled(x, *args)
+    return call
