@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
-# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | decode-a | decode-b.
+# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD FREETOKEN_CACHE=/tmp/ftcache
@@ -32,12 +32,17 @@ decode-a)  # issues 2 and 4: graph decode, every policy and budget, model routin
   ft bench decode $shape --expert-budget 4GiB,8GiB,16GiB,auto --moe-policy adaptive,fetch,cpu,static:auto \
     --routing model,trace:/tmp/trace.npy --out "$out/decode_a.json" > "$out/decode_a.txt" 2>&1; cat "$out/decode_a.txt" ;;
 decode-b)  # issue 4: a locality trace, and a competing host-memory load
+  ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
-  ft bench decode $shape --expert-budget 4GiB,8GiB --moe-policy adaptive,fetch,cpu --routing trace:/tmp/trace.npy \
+  ft bench decode $shape --expert-budget 4GiB,8GiB,16GiB --moe-policy adaptive,fetch,cpu --routing trace:/tmp/trace.npy \
     --out "$out/decode_b.json" > "$out/decode_b.txt" 2>&1; cat "$out/decode_b.txt"
   ft bench decode $shape --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed --routing trace:/tmp/trace.npy \
     --contention 6 --out "$out/decode_c.json" > "$out/decode_c.txt" 2>&1; cat "$out/decode_c.txt" ;;
 prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 200-token follow-up
-  ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 8GiB --lengths 1024,4096,16384 \
-    --follow-up 200 --out "$out/prefill.json" > "$out/prefill.txt" 2>&1; cat "$out/prefill.txt" ;;
+  ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
+  ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 8GiB --lengths 1024,16384 \
+    --mode stream,adaptive --follow-up 200 --out "$out/prefill.json" > "$out/prefill.txt" 2>&1; cat "$out/prefill.txt" ;;
+step)  # where one decode step's GPU time goes, 12 layers, per policy
+  python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
+  python3 -m benchmarks.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;
 esac

@@ -44,6 +44,7 @@ def run(engine: Engine, base: EngineConfig, modes: list[str], lengths: list[int]
         rt = rebuild_experts(engine, engine.runtime.store, cfg)
         rt.set_bandwidths(prof["h2d_gbps"] or 0.0, prof["cpu_expert_gbps"])
         sched = Scheduler(engine, set(), 1, cfg.prefill_chunk)
+        ttft(engine, sched, torch.randint(0, vocab, (min(lengths),), generator=g).tolist())  # warm-up
         for n in lengths:
             prompt = torch.randint(0, vocab, (n,), generator=g).tolist()
             before = replace(rt.cache.stats)

@@ -1,0 +1,62 @@
+"""How well layer l's MoE input predicts layer l+1's experts: the share of layer l+1's top-k that
+layer l+1's router picks from layer l's input (the cross-layer prefetch signal), over a prompt's
+tokens. Usage: python3 -m benchmarks.prefetch_accuracy [demo | SHAPE LAYERS] (CPU is enough)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.moe.block import MoEBlock
+from engine.moe.router import route
+
+
+def accuracy(engine, tokens: list[int]) -> list[float]:
+    """Per layer pair (l, l+1): mean over tokens of |predicted ∩ routed| / K."""
+    blocks = engine.model.moe_blocks()
+    seen: dict[int, tuple] = {}
+    orig = MoEBlock.forward
+
+    def spy(self, x, prefill):
+        seen[self.moe_index] = (x.clone(), route(self.gate(x), self.spec)[1])
+        return orig(self, x, prefill)
+    MoEBlock.forward = spy
+    try:
+        from engine.kv.batch import ForwardBatch
+        pages = engine.kv.alloc(-(-len(tokens) // engine.kv.page_size))
+        engine.model(ForwardBatch.build([(tokens, 0, pages)], engine.kv.page_size, engine.device), engine.kv)
+        engine.kv.release(pages)
+    finally:
+        MoEBlock.forward = orig
+    out = []
+    for i in range(len(blocks) - 1):
+        x, _ = seen[i]
+        pred = route(blocks[i + 1].gate(x), blocks[i + 1].spec)[1]
+        real = seen[i + 1][1]
+        hit = (pred[:, :, None] == real[:, None, :]).any(-1).float().mean()
+        out.append(float(hit))
+    return out
+
+
+def main(args: list[str]) -> None:
+    from engine.loader import load_engine, load_synthetic
+    from engine.resolve import ensure_ftw
+    cfg = EngineConfig(model="", device="cpu", graph=False)
+    if not args or args[0] == "demo":
+        from engine.tokenizer import Tokenizer
+        path = ensure_ftw(None)
+        engine = load_engine(cfg, path)
+        text = Path(torch.__file__).with_name("functional.py").read_text()[:6000]
+        tokens = Tokenizer(path).encode(text)[:1024]
+    else:
+        engine = load_synthetic(cfg, args[0], int(args[1]))
+        tokens = torch.randint(0, engine.cfg.vocab_size, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+    acc = accuracy(engine, tokens)
+    print(f"{len(tokens)} tokens, top-{engine.cfg.router.top_k} of {engine.cfg.num_experts}: "
+          f"predicted share per layer pair {[round(a, 3) for a in acc]}, mean {sum(acc) / len(acc):.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
