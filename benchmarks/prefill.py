@@ -43,17 +43,18 @@ def run(engine: Engine, base: EngineConfig, modes: list[str], lengths: list[int]
         cfg = replace(base, prefill_mode=mode)
         rt = rebuild_experts(engine, engine.runtime.store, cfg)
         rt.set_bandwidths(prof["h2d_gbps"] or 0.0, prof["cpu_expert_gbps"])
-        sched = Scheduler(engine, set(), 1, cfg.prefill_chunk)
+        sched = Scheduler(engine, set(), 1, engine.prefill_chunk)
         ttft(engine, sched, torch.randint(0, vocab, (min(lengths),), generator=g).tolist())  # warm-up
         for n in lengths:
             prompt = torch.randint(0, vocab, (n,), generator=g).tolist()
             before = replace(rt.cache.stats)
-            rows.append(row(engine, mode, "cold", n, ttft(engine, sched, prompt), before, prof, cfg.prefill_chunk))
+            rows.append(row(engine, mode, "cold", n, ttft(engine, sched, prompt), before, prof,
+                            engine.prefill_chunk))
         if follow_up:  # the last prompt is cached in the prefix tree now
             prompt = prompt + torch.randint(0, vocab, (follow_up,), generator=g).tolist()
             before = replace(rt.cache.stats)
             t = ttft(engine, sched, prompt)
             rows.append(row(engine, mode, f"+{follow_up} after {lengths[-1]}", follow_up, t, before, prof,
-                            cfg.prefill_chunk))
+                            engine.prefill_chunk))
         sched.prefix.evict(engine.kv.n_pages)  # the next mode starts from an empty prefix tree
     return rows

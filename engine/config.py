@@ -38,6 +38,15 @@ def parse_size(text: str | int | None) -> int | None:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def parse_chunk(text: str | int | None) -> int | None:
+    """--prefill-chunk: 'auto' or None -> None (sized from free memory at load), else tokens >= 16."""
+    if text is None or str(text).strip().lower() == "auto":
+        return None
+    if not str(text).strip().isdigit() or int(text) < 16:
+        raise UserError(f"cannot read --prefill-chunk {text!r}; give a number of tokens (at least 16) or auto")
+    return int(text)
+
+
 def parse_policy(text: str) -> str:
     if text in POLICIES or re.fullmatch(r"static:(\d+|auto)", text):
         return text
@@ -54,7 +63,7 @@ class EngineConfig:
     cpu_threads: int | None = None      # CPU expert executor threads; None = physical cores
     max_context: int = 32768            # tokens per sequence (capped by the model)
     max_running: int = 1                # sequences decoded together
-    prefill_chunk: int = 2048           # tokens per prefill forward
+    prefill_chunk: int | None = None    # tokens per prefill forward; None = from free memory at load
     page_size: int = 16                 # tokens per KV page
     kv_tokens: int | None = None        # KV pool size in tokens; None = max_context * max_running
     verify: bool = False                # verify FTW checksums at load

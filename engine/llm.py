@@ -62,7 +62,7 @@ class LLM:
             self.engine.runtime.set_bandwidths(prof["h2d_concurrent_gbps"] or 0.0, prof["cpu_expert_concurrent_gbps"])
         self.tokenizer = Tokenizer(path)
         e = self.engine
-        self.scheduler = Scheduler(e, self.tokenizer.eos_ids, config.max_running, config.prefill_chunk)
+        self.scheduler = Scheduler(e, self.tokenizer.eos_ids, config.max_running, e.prefill_chunk)
         self.stats = GenStats()
 
     @property

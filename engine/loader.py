@@ -35,6 +35,7 @@ class Engine:
     path: Path | None
     max_context: int
     graphs: object = None        # engine.graphs.DecodeGraphs when decode runs as CUDA graphs
+    prefill_chunk: int = 2048    # tokens per prefill forward (EngineConfig's, or sized at load)
 
     def forward(self, batch, kv) -> torch.Tensor:
         """One step: a captured graph for decode batches when one fits, else eager."""
@@ -137,7 +138,34 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
                 cfg.num_kv_heads, cfg.head_dim, dtype, device)
     engine = Engine(cfg, model, kv, None, device, path, max_context)
     rebuild_experts(engine, store, config)
+    engine.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
     return engine
+
+
+def free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+    return psutil.virtual_memory().available
+
+
+def prefill_bytes(chunk: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:
+    """Device memory a prefill chunk of `chunk` tokens works in: per token, a layer step's hidden
+    states, q/k/v/o, one row of the causal mask over the context and the fp32 expert
+    intermediates; once, K and V of the whole context expanded to every query head."""
+    H, D, b = cfg.hidden_size, cfg.head_dim, dtype.itemsize
+    inter = max(cfg.moe_intermediate_size, cfg.intermediate_size)
+    per_token = (4 * H + 2 * (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + max_context
+    return 2 * cfg.num_heads * D * max_context * b + chunk * per_token
+
+
+def prefill_chunk_for(free: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:
+    """Tokens per prefill chunk: as many as half of `free` bytes hold (every chunk is one more pass
+    of the experts over PCIe), a power of two in [256, 16384], at most the context."""
+    chunk = 16384
+    while chunk > 256 and 2 * prefill_bytes(chunk, cfg, max_context, dtype) > free:
+        chunk //= 2
+    return min(chunk, max(256, max_context))
 
 
 def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig, routing=None) -> ExpertRuntime:
@@ -153,8 +181,9 @@ def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig
         engine.runtime = engine.graphs = None
         if engine.device.type == "cuda":
             torch.cuda.empty_cache()
+    room = 2 * prefill_bytes(config.prefill_chunk or 2048, cfg, engine.max_context, engine.kv.k.dtype)
     slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, engine.device,
-                         reserve=GiB + engine.kv.bytes // 8)
+                         reserve=GiB + engine.kv.bytes // 8 + room)  # room: a prefill chunk
     policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
     graph = use_graphs(config, engine.device)
     cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device, device_tables=graph)

@@ -33,7 +33,9 @@ def user_errors(fn):
 
 def engine_config(model: Optional[str], device: str, expert_budget: str, moe_policy: str,
                   cpu_threads: Optional[int], max_context: int, no_graph: bool = False, **extra):
-    from engine.config import EngineConfig, parse_policy, parse_size
+    from engine.config import EngineConfig, parse_chunk, parse_policy, parse_size
+    if "prefill_chunk" in extra:
+        extra["prefill_chunk"] = parse_chunk(extra["prefill_chunk"])
     return EngineConfig(model=model, device=device, expert_budget=parse_size(expert_budget),
                         moe_policy=parse_policy(moe_policy), cpu_threads=cpu_threads,
                         max_context=max_context, graph=False if no_graph else None, **extra)
@@ -45,6 +47,7 @@ Device = typer.Option("auto", help="cuda | cpu | auto")
 Policy = typer.Option("adaptive", help="miss policy: adaptive | fetch | cpu | static:N | static:auto")
 Threads = typer.Option(None, help="CPU expert threads (default: physical cores)")
 Context = typer.Option(32768, help="context length in tokens")
+Chunk = typer.Option("auto", help="tokens per prefill chunk (auto: as many as free device memory holds)")
 NoGraph = typer.Option(False, "--no-graph", help="eager decode (no CUDA graphs, host-side expert control)")
 
 

@@ -94,6 +94,7 @@ def test_bad_input_gives_one_line_errors(tiny_hf, tmp_path):
     one_line_error(cli("run", tiny_hf, "-p", "hi " * 50, "--max-context", 16, "--device", "cpu"), "context")
     one_line_error(cli("run", tiny_hf, "-p", "hi", "--device", "tpu"), "--device")
     one_line_error(cli("run", tiny_hf, "-p", "hi", "--top-p", 0), "top_p")
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--prefill-chunk", "8"), "--prefill-chunk")
     one_line_error(cli("convert", "no/such-model-anywhere", tmp_path / "o"), "Hub")
 
 

@@ -43,3 +43,18 @@ def test_adaptive_streams_only_when_the_link_hides_behind_compute(tiny_model):
     # that hides behind a layer's compute (then the buffers, taken from the 16 coldest slots,
     # evict layer 2's experts, so layer 2 streams too)
     assert streamed == [0, 2]
+
+
+def test_prefill_chunk_is_sized_from_free_memory(tiny_model):
+    """Half the free memory per chunk token, a power of two in [256, 16384], at most the context;
+    an explicit --prefill-chunk wins."""
+    from engine.loader import prefill_chunk_for
+    from engine.synthetic import synthetic_config
+    cfg = synthetic_config("qwen3-30b-a3b")
+    sizes = [prefill_chunk_for(free << 20, cfg, 32768, torch.bfloat16) for free in (0, 1300, 1500, 3000, 10**6)]
+    assert sizes[0] == 256 and sizes[-1] == 16384
+    assert sizes == sorted(sizes) and len(set(sizes)) == 5 and all(s & (s - 1) == 0 for s in sizes)
+    assert prefill_chunk_for(10**12, cfg, 4096, torch.bfloat16) == 4096
+    _, _, ftw = tiny_model("qwen3_moe")
+    assert load(ftw).prefill_chunk >= 256
+    assert load(ftw, prefill_chunk=100).prefill_chunk == 100
