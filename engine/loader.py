@@ -151,11 +151,11 @@ def free_memory(device: torch.device) -> int:
 
 def prefill_bytes(chunk: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:
     """Device memory a prefill chunk of `chunk` tokens works in: per token, a layer step's hidden
-    states, q/k/v/o, one row of the causal mask over the context and the fp32 expert
+    states, q/k/v/o, one row of the causal mask over the context (bool and additive) and the fp32 expert
     intermediates; once, K and V of the whole context expanded to every query head."""
     H, D, b = cfg.hidden_size, cfg.head_dim, dtype.itemsize
     inter = max(cfg.moe_intermediate_size, cfg.intermediate_size)
-    per_token = (4 * H + 2 * (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + max_context
+    per_token = (4 * H + 2 * (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + 3 * max_context
     return 2 * cfg.num_heads * D * max_context * b + chunk * per_token
 
 

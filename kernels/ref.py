@@ -63,10 +63,11 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
             mask = kpos <= qpos
             if window:
                 mask &= kpos > qpos - window
-        if q.is_cuda and k.shape[0] != qb.shape[0]:  # whole heads: a fused masked kernel, no [T, ctx] scores
-            k, v = (t.repeat_interleave(qb.shape[0] // k.shape[0], 0) for t in (k, v))
-        o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale,
-                                           enable_gqa=k.shape[0] != qb.shape[0])
+        # K/V expanded to every query head and a batch dim of 1: the fused (memory-efficient)
+        # kernels take only 4-D inputs of equal heads; anything else falls back to a math path
+        # that materialises [heads, T, ctx] scores
+        k, v = (t.repeat_interleave(qb.shape[0] // t.shape[0], 0)[None] for t in (k, v))
+        o = F.scaled_dot_product_attention(qb[None], k, v, attn_mask=mask, scale=scale)[0]
         out.append(o.transpose(0, 1))
     return torch.cat(out, dim=0)
 
