@@ -58,3 +58,32 @@ def test_prefill_chunk_is_sized_from_free_memory(tiny_model):
     _, _, ftw = tiny_model("qwen3_moe")
     assert load(ftw).prefill_chunk >= 256
     assert load(ftw, prefill_chunk=100).prefill_chunk == 100
+
+
+def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
+    """With a scripted clock: a layer's compute is its window less its own fetches, and a streamed
+    layer's window (which includes waiting for its stream) never feeds the estimate, so a short
+    chunk does not keep streaming once a layer streamed."""
+    import engine.moe.prefill as prefill
+    _, _, ftw = tiny_model("qwen3_moe")
+    e = load(ftw, prefill_mode="adaptive", moe_policy="fetch")
+    rt = e.runtime
+    per_expert = 1e-3                                     # s to fetch one expert
+    rt.set_bandwidths(rt.store.layout.slot_bytes / per_expert / 1e9, 1.0)
+    st, E, now, loaded = rt.streamer, rt.cache.n_experts, [0.0], []
+    monkeypatch.setattr(prefill, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    monkeypatch.setattr(st, "_load", loaded.append)
+
+    def layer(missing: int, compute: float, streamed: bool = False, wait: float = 0.0) -> None:
+        now[0] += compute + (wait if streamed else missing * per_expert)
+        st.maybe_prefetch(1, missing, streamed)
+
+    st.begin()
+    layer(2, compute=1e-3)                                # (E - 2) experts = 6 ms > 1 ms: fetch
+    assert loaded == [] and abs(st.compute - 1e-3) < 1e-9
+    layer(E - 1, compute=20e-3)                           # 1 expert (1 ms) hides behind 20 ms: stream
+    assert loaded == [1]
+    layer(2, compute=1e-3)                                # back to small: fetch again
+    assert loaded == [1]
+    layer(2, compute=1e-3, streamed=True, wait=(E - 2) * per_expert)  # a stream wait is not compute
+    assert abs(st.compute - 1e-3) < 1e-9 and loaded == [1]

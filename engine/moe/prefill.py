@@ -7,8 +7,8 @@ Whether to stream the next layer follows the bandwidth model: streaming moves al
 behind the compute, max(E * slot / B_P, c); fetching moves only the m routed experts that are not
 resident, in the foreground, m * slot / B_P + c. Stream when (E - m) * slot / B_P <= c, the
 compute time of one layer (mode "adaptive", which needs a B_P estimate; without one it fetches).
-c is measured between these decisions (the host waits for every layer's routing), less the
-foreground fetches in that window; a window that waited for a streamed layer is not used.
+c is measured between these decisions (the host waits for every layer's routing and transfers),
+less the layer's own fetches; a window that waited for a streamed layer is not used.
 "stream" and "routed" force one side (benchmarks, tests).
 The buffers are taken at the first streamed layer of a chunk, so a chunk that never streams
 leaves the cache alone."""
@@ -31,7 +31,6 @@ class LayerStreamer:
         self.slots: list[int] | None = None      # the 2E reserved slots, taken at the first stream
         self.ready: dict[int, tuple] = {}        # layer -> (slot ids [E] on the device, event)
         self.t_last, self.compute = 0.0, 0.0     # last decision's time, one layer's compute (s)
-        self.last = (False, 0)                   # previous layer: (streamed, experts fetched)
 
     @property
     def usable(self) -> bool:
@@ -39,7 +38,7 @@ class LayerStreamer:
         return self.mode != "routed" and self.rt.cache.n_slots >= 3 * self.E
 
     def begin(self) -> None:
-        self.active, self.ready, self.t_last, self.last = True, {}, time.perf_counter(), (False, 0)
+        self.active, self.ready, self.t_last = True, {}, time.perf_counter()
 
     def end(self) -> None:
         if self.slots is not None:
@@ -58,14 +57,16 @@ class LayerStreamer:
         return slots
 
     def maybe_prefetch(self, layer: int, missing: int, streamed: bool) -> None:
-        """After layer-1's step (`streamed` from a buffer, else `missing` experts fetched): start
-        streaming `layer` if the bandwidth model says so."""
+        """After layer-1's step (`streamed` from a buffer, else its `missing` experts fetched):
+        start streaming `layer` if the bandwidth model says so. The host waited for layer-1's
+        routing and its own transfers, so the time since the last call is one layer's compute
+        plus those transfers; a streamed layer's window (its stream wait) is not used."""
         now = time.perf_counter()
         b_p = self.rt.estimator.b_p if self.rt.estimator else 0.0  # 0: no link estimate, fetch
-        slot_bytes, (was_streamed, fetched) = self.rt.store.layout.slot_bytes, self.last
-        if b_p > 0 and not was_streamed:
-            self.compute = max(0.0, now - self.t_last - fetched * slot_bytes / b_p)
-        self.t_last, self.last = now, (streamed, 0 if streamed else missing)
+        slot_bytes = self.rt.store.layout.slot_bytes
+        if b_p > 0 and not streamed:
+            self.compute = max(0.0, now - self.t_last - missing * slot_bytes / b_p)
+        self.t_last = now
         if not self.active or layer >= len(self.rt.store.banks):
             return
         if self.mode == "stream" or missing and b_p > 0 and (self.E - missing) * slot_bytes / b_p <= self.compute:
