@@ -69,9 +69,9 @@ def target_dtype(cfg: ModelConfig, dtype: str) -> str:
 
 
 def expected_names(cfg: ModelConfig) -> set[str]:
-    from engine.models.transformer import CausalLM
+    from engine.models.transformer import CausalLM, checkpoint_names
     with torch.device("meta"):
-        names = set(CausalLM(cfg).state_dict())
+        names = {p for n in CausalLM(cfg).state_dict() for p in checkpoint_names(n)}
     if cfg.tie_word_embeddings:
         names.discard("lm_head.weight")
     return names

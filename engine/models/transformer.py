@@ -13,6 +13,18 @@ from engine.models.base import ModelConfig
 from engine.moe.block import MoEBlock
 
 
+# parameters made of several checkpoint tensors, concatenated along dim 0
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+
+
+def checkpoint_names(name: str) -> list[str]:
+    """The checkpoint tensors a parameter of this model is read from."""
+    for fused, parts in FUSED.items():
+        if f".{fused}." in name:
+            return [name.replace(fused, p) for p in parts]
+    return [name]
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, moe_index: int | None):
         super().__init__()
