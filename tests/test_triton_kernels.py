@@ -222,3 +222,28 @@ def test_plan_split_fetch_and_capacity():
             f = min(ref.split_fetch(M, float(torch.tensor(q))), S - 2)
             assert out[3].tolist() == [2, M, f], (q, M)
             assert set(out[1][:f].tolist()) == set(range(2, 2 + f))   # LRU: empty slots first
+
+
+# ---------------------------------------------------------------- CPU-branch staging and merge
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stage_and_merge_match_torch(dtype):
+    """Staging into (host) buffers and merging the host partial sum back, against plain torch."""
+    _need(dtype)
+    from kernels.stage_triton import merge_cpu_output, stage_cpu_inputs
+    gen = torch.Generator().manual_seed(3)
+    T, K, H, Tmax = 3, 6, 1100, 4                                  # H not a multiple of the block
+    x = torch.randn(T, H, generator=gen).to(dtype)
+    ids = torch.randint(0, 64, (T, K), generator=gen)
+    route = torch.where(torch.rand(T, K, generator=gen) < 0.5, -1, 7)
+    w = torch.rand(T, K, generator=gen).to(dtype)
+    host = dict(pin_memory=True) if CUDA else {}
+    x_h, ids_h = torch.zeros(Tmax, H, dtype=dtype, **host), torch.full((Tmax, K), -5, dtype=torch.int64, **host)
+    w_h = torch.zeros(Tmax, K, **host)
+    stage_cpu_inputs(x.to(DEV), ids.to(DEV), route.to(DEV), w.to(DEV), x_h, ids_h, w_h)
+    if CUDA:
+        torch.cuda.synchronize()
+    assert torch.equal(x_h[:T], x) and torch.equal(ids_h[:T], torch.where(route < 0, ids, -1))
+    assert torch.equal(w_h[:T], w.float()) and (ids_h[T:] == -5).all()
+    out, out_h = torch.randn(T, H, generator=gen), torch.randn(Tmax, H, generator=gen)
+    y = merge_cpu_output(out.to(DEV), out_h.pin_memory() if CUDA else out_h, dtype)
+    assert y.dtype == dtype and torch.equal(y.cpu(), (out + out_h[:T]).to(dtype))

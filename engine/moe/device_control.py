@@ -141,13 +141,10 @@ class DeviceControl:
         self.stats += self.counts
         may_cpu = rt.policy.may_cpu(layer)
         if may_cpu:
-            cpu_ids = torch.where(route < 0, ids, -1)
-            out_h = self._cpu_start(layer, x, cpu_ids, weights)
+            out_h = self._cpu_start(layer, x, ids, route, weights)
         self._fill(layer, n)
         out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act)
-        if may_cpu:
-            out += self._cpu_finish(layer, T, out_h)
-        return out.to(x.dtype)
+        return self._cpu_finish(layer, out, out_h, x.dtype) if may_cpu else out.to(x.dtype)
 
     def _fill(self, layer: int, n: int) -> None:
         base = layer * self.rt.cache.n_experts
@@ -157,28 +154,28 @@ class DeviceControl:
         else:
             ref.fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base)
 
-    def _cpu_start(self, layer: int, x, cpu_ids, weights):
+    def _cpu_start(self, layer: int, x, ids, route, weights):
+        """Start the CPU routes (route -1) of this layer step."""
         if not self.cuda:  # tests: the executor directly, same inputs
             v = self.rt.store.views[layer]
             out = torch.empty(x.shape, dtype=torch.float32)
-            self.rt.cpu.run(x, v["gate_up"], v["down"], cpu_ids, weights.float(), out)
+            self.rt.cpu.run(x, v["gate_up"], v["down"], torch.where(route < 0, ids, -1), weights.float(), out)
             return out
         from kernels.cuda_memops import write_value
-        T = x.shape[0]
-        self.ids_h[:T].copy_(cpu_ids, non_blocking=True)
-        self.x_h[:T].copy_(x, non_blocking=True)
-        self.w_h[:T].copy_(weights, non_blocking=True)
-        write_value(self.go, (layer + 1) | (T << 20))
+        from kernels.stage_triton import stage_cpu_inputs
+        stage_cpu_inputs(x, ids, route, weights, self.x_h, self.ids_h, self.w_h)
+        write_value(self.go, (layer + 1) | (x.shape[0] << 20))
         return None
 
-    def _cpu_finish(self, layer: int, T: int, out_h):
+    def _cpu_finish(self, layer: int, out, out_h, dtype):
+        """out (the GPU's routes, fp32) + the CPU's partial sum -> dtype."""
         if not self.cuda:
-            return out_h
+            return (out + out_h).to(dtype)
         from kernels.cuda_memops import wait_value, write_value
-        v = (layer + 1) | (T << 20)
-        wait_value(self.done, v)
+        from kernels.stage_triton import merge_cpu_output
+        wait_value(self.done, (layer + 1) | (out.shape[0] << 20))
         write_value(self.done, 0)
-        return self.out_h[:T].to(self.dev, non_blocking=True)
+        return merge_cpu_output(out, self.out_h, dtype)
 
     def close(self) -> None:
         if self.poller is not None:

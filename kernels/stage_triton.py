@@ -1,0 +1,53 @@
+"""The CPU branch's transfers in a CUDA graph as kernels over UVA (the pinned host buffers are
+mapped): staging the CPU routes' inputs into host memory, and merging the CPU's partial sum back.
+One launch each, instead of a where and three copies, and a copy, an add and a cast. Semantics
+(tested against plain torch): ids_h = where(route < 0, ids, -1), x_h = x, w_h = float(w);
+y = (out + out_h).to(y.dtype)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _stage_kernel(x_ptr, ids_ptr, route_ptr, w_ptr, xh_ptr, idsh_ptr, wh_ptr, H, K,
+                  BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, BLOCK_K)
+    mk = k < K
+    ids = tl.load(ids_ptr + t * K + k, mask=mk, other=-1)
+    route = tl.load(route_ptr + t * K + k, mask=mk, other=0)
+    tl.store(idsh_ptr + t * K + k, tl.where(route < 0, ids, -1), mask=mk)
+    tl.store(wh_ptr + t * K + k, tl.load(w_ptr + t * K + k, mask=mk, other=0.0).to(tl.float32), mask=mk)
+    for h0 in range(0, H, BLOCK_H):
+        o = h0 + tl.arange(0, BLOCK_H)
+        m = o < H
+        v = tl.load(x_ptr + t * H + o, mask=m, other=0.0)
+        tl.store(xh_ptr + t * H + o, v.to(xh_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _merge_kernel(out_ptr, outh_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    v = tl.load(out_ptr + i, mask=m, other=0.0) + tl.load(outh_ptr + i, mask=m, other=0.0)
+    tl.store(y_ptr + i, v.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def stage_cpu_inputs(x: torch.Tensor, ids: torch.Tensor, route: torch.Tensor, w: torch.Tensor,
+                     x_h: torch.Tensor, ids_h: torch.Tensor, w_h: torch.Tensor) -> None:
+    """x [T, H], ids / route / w [T, K] on the device -> rows 0..T of the host buffers x_h
+    [Tmax, H] (its dtype), ids_h [Tmax, K] int64, w_h [Tmax, K] fp32."""
+    T, H = x.shape
+    K = ids.shape[1]
+    _stage_kernel[(T,)](x.contiguous(), ids.contiguous(), route.contiguous(), w.contiguous(), x_h, ids_h, w_h,
+                        H, K, BLOCK_K=triton.next_power_of_2(K), BLOCK_H=min(1024, triton.next_power_of_2(H)))
+
+
+def merge_cpu_output(out: torch.Tensor, out_h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """out [T, H] fp32 on the device + rows 0..T of out_h [Tmax, H] fp32 on the host -> [T, H] dtype."""
+    y = torch.empty(out.shape, dtype=dtype, device=out.device)
+    n, block = out.numel(), 1024
+    _merge_kernel[(triton.cdiv(n, block),)](out.contiguous(), out_h, y, n, BLOCK=block)
+    return y
