@@ -11,7 +11,7 @@ tests)
   nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv > "$out/env.txt"
   python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" >> "$out/env.txt"
   lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Flags" | cut -c1-300 >> "$out/env.txt"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_triton_kernels.py \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_triton_kernels.py tests/test_graphs.py tests/test_prefill.py \
     tests/test_parity.py tests/test_expert_memory.py tests/test_policies.py tests/test_cpu_executor.py \
     tests/test_radix.py tests/test_ftw.py > "$out/gpu_tests.txt" 2>&1
   tail -5 "$out/gpu_tests.txt"
