@@ -177,24 +177,26 @@ class CPUExecutor:
         """The activation dtype the C++ path reads (bf16 for the AVX-512 BF16 dot products)."""
         return torch.bfloat16 if self.backend == "avx512_bf16" and weight_dtype == torch.bfloat16 else torch.float32
 
-    def poller(self, go: torch.Tensor, done: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
+    def poller(self, flags: torch.Tensor, nfill: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor, out: torch.Tensor, gate_up: list, down: list) -> "Poller":
-        """Serve a CUDA graph's CPU branch: see cpu_moe.cpp's Poller. x [Tmax, H] (act_dtype),
-        ids [Tmax, K] int64, weights [Tmax, K] fp32, out [Tmax, H] fp32 and the int32 flags live
-        in pinned memory; gate_up / down are the per-layer bank views [E, 2I, H] / [E, H, I]."""
+        """Serve a CUDA graph's CPU branch: see cpu_moe.cpp's Poller. flags: int32 [go, done,
+        fill]; nfill: int64 [1]; x [Tmax, H] (act_dtype), ids [Tmax, K] int64, weights [Tmax, K]
+        fp32, out [Tmax, H] fp32, all in pinned memory; gate_up / down are the per-layer bank
+        views [E, 2I, H] / [E, H, I]."""
         if self._pool is None:
             raise RuntimeError("the in-graph CPU branch needs the C++ executor")
         dt = gate_up[0].dtype
         assert x.dtype == self.act_dtype(dt) and ids.dtype == torch.int64 and out.dtype == torch.float32
+        assert flags.dtype == torch.int32 and flags.numel() == 3 and nfill.dtype == torch.int64
         mode = {"avx512_bf16": 0 if dt == torch.bfloat16 else 1, "avx2_fma": 1, "scalar": 2}[self.backend]
         arr = ctypes.c_void_p * len(gate_up)
         esz = gate_up[0].element_size()
         handle = self._lib.ftmoe_poller_start(
-            self._pool, go.data_ptr(), done.data_ptr(), x.data_ptr(), ids.data_ptr(), weights.data_ptr(),
+            self._pool, flags.data_ptr(), nfill.data_ptr(), x.data_ptr(), ids.data_ptr(), weights.data_ptr(),
             out.data_ptr(), arr(*[w.data_ptr() for w in gate_up]), arr(*[w.data_ptr() for w in down]),
             len(gate_up), x.shape[1], down[0].shape[2], gate_up[0].shape[0], ids.shape[1],
             gate_up[0].stride(0) * esz, down[0].stride(0) * esz, _DTYPES[dt], mode)
-        return Poller(self._lib, handle, (go, done, x, ids, weights, out, gate_up, down))
+        return Poller(self._lib, handle, (flags, nfill, x, ids, weights, out, gate_up, down))
 
     def run(self, x, w_gate_up, w_down, ids, weights, out) -> None:
         self.submit(x, w_gate_up, w_down, ids, weights, out).wait()
@@ -209,17 +211,17 @@ class CPUExecutor:
 
 
 class Poller:
-    """A running CPU-branch poller; `stats()` returns (jobs, experts, seconds) since the last call
-    and raises if a job failed."""
+    """A running CPU-branch poller; `stats()` returns (jobs, experts, seconds, experts filled,
+    fill seconds) since the last call and raises if a job failed."""
 
     def __init__(self, lib, handle, keep: tuple):
         self._lib, self._h, self._keep = lib, handle, keep
 
-    def stats(self) -> tuple[int, int, float]:
-        buf = (ctypes.c_int64 * 3)()
+    def stats(self) -> tuple[int, int, float, int, float]:
+        buf = (ctypes.c_int64 * 5)()
         if self._lib.ftmoe_poller_stats(self._h, buf):
             raise RuntimeError(f"CPU expert branch: {self._lib.ftmoe_poller_error(self._h).decode()}")
-        return buf[0], buf[1], buf[2] / 1e9
+        return buf[0], buf[1], buf[2] / 1e9, buf[3], buf[4] / 1e9
 
     def close(self) -> None:
         if self._h is not None:

@@ -1,8 +1,8 @@
 """The CPU branch's transfers in a CUDA graph as kernels over UVA (the pinned host buffers are
 mapped): staging the CPU routes' inputs into host memory, and merging the CPU's partial sum back.
 One launch each, instead of a where and three copies, and a copy, an add and a cast. Semantics
-(tested against plain torch): ids_h = where(route < 0, ids, -1), x_h = x, w_h = float(w);
-y = (out + out_h).to(y.dtype)."""
+(tested against plain torch): ids_h = where(route < 0, ids, -1), x_h = x, w_h = float(w),
+n_h = n; y = (out + out_h).to(y.dtype)."""
 from __future__ import annotations
 
 import torch
@@ -11,9 +11,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _stage_kernel(x_ptr, ids_ptr, route_ptr, w_ptr, xh_ptr, idsh_ptr, wh_ptr, H, K,
+def _stage_kernel(x_ptr, ids_ptr, route_ptr, w_ptr, n_ptr, xh_ptr, idsh_ptr, wh_ptr, nh_ptr, H, K,
                   BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
+    if t == 0:
+        tl.store(nh_ptr, tl.load(n_ptr))
     k = tl.arange(0, BLOCK_K)
     mk = k < K
     ids = tl.load(ids_ptr + t * K + k, mask=mk, other=-1)
@@ -36,13 +38,15 @@ def _merge_kernel(out_ptr, outh_ptr, y_ptr, N, BLOCK: tl.constexpr):
 
 
 def stage_cpu_inputs(x: torch.Tensor, ids: torch.Tensor, route: torch.Tensor, w: torch.Tensor,
-                     x_h: torch.Tensor, ids_h: torch.Tensor, w_h: torch.Tensor) -> None:
-    """x [T, H], ids / route / w [T, K] on the device -> rows 0..T of the host buffers x_h
-    [Tmax, H] (its dtype), ids_h [Tmax, K] int64, w_h [Tmax, K] fp32."""
+                     n: torch.Tensor, x_h: torch.Tensor, ids_h: torch.Tensor, w_h: torch.Tensor,
+                     n_h: torch.Tensor) -> None:
+    """x [T, H], ids / route / w [T, K], n [1] (experts this step fills) on the device -> rows
+    0..T of the host buffers x_h [Tmax, H] (its dtype), ids_h [Tmax, K] int64, w_h [Tmax, K]
+    fp32, and n_h [1] int64."""
     T, H = x.shape
     K = ids.shape[1]
-    _stage_kernel[(T,)](x.contiguous(), ids.contiguous(), route.contiguous(), w.contiguous(), x_h, ids_h, w_h,
-                        H, K, BLOCK_K=triton.next_power_of_2(K), BLOCK_H=min(1024, triton.next_power_of_2(H)))
+    _stage_kernel[(T,)](x.contiguous(), ids.contiguous(), route.contiguous(), w.contiguous(), n, x_h, ids_h,
+                        w_h, n_h, H, K, BLOCK_K=triton.next_power_of_2(K), BLOCK_H=min(1024, triton.next_power_of_2(H)))
 
 
 def merge_cpu_output(out: torch.Tensor, out_h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

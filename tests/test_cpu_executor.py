@@ -163,3 +163,47 @@ def test_missing_compiler_falls_back_with_one_line(monkeypatch, capsys):
     assert CPUExecutor().backend == "torch"
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "falls back to torch" in err[0] and "not found" in err[0]
+
+
+def test_poller_serves_the_graph_protocol_and_times_fills(ex):
+    """The in-graph CPU branch driven from Python as the GPU stream would: stage, write go, write
+    fill once the (simulated) fills landed, wait for done. Results match the reference, a step
+    with no CPU route answers zeros, the fills are timed from go to the fill flag, and a bad flag
+    answers zeros and surfaces as an error instead of a hang."""
+    import time
+    if ex.backend == "torch":
+        pytest.skip("no C++ executor here")
+    H, I, K, Tmax = 64, 32, 2, 2
+    banks = [make_bank(H, I, torch.float32, seed=s) for s in range(2)]
+    x_h = torch.zeros(Tmax, H, dtype=ex.act_dtype(torch.float32))
+    ids_h, w_h = torch.full((Tmax, K), -1, dtype=torch.int64), torch.zeros(Tmax, K)
+    out_h, flags, nfill = torch.zeros(Tmax, H), torch.zeros(3, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
+    poller = ex.poller(flags, nfill, x_h, ids_h, w_h, out_h, [b[0] for b in banks], [b[1] for b in banks])
+
+    def step(layer, x, ids, w, n_fill, fill_after):
+        T = x.shape[0]
+        x_h[:T], ids_h[:T], w_h[:T], nfill[0] = x, ids, w, n_fill
+        v = (layer + 1) | (T << 20)
+        flags[0] = v
+        time.sleep(fill_after)
+        flags[2] = v                                     # the fills landed
+        deadline = time.time() + 10
+        while int(flags[1]) != v or int(flags[2]) != 0:  # answered, and the fill flag consumed
+            assert time.time() < deadline, "the poller did not answer"
+        flags[1] = 0
+        return out_h[:T].clone()
+
+    try:
+        x, ids, w = make_routes(2, K, torch.int64, torch.float32, H)
+        got = step(1, x, ids, w, n_fill=3, fill_after=0.02)
+        assert rel_err(got, ref.moe_experts(x, *banks[1], ids, w)) < 1e-5
+        none = torch.full_like(ids, -1)
+        assert step(0, x, none, w, n_fill=2, fill_after=0.01).abs().sum() == 0  # no CPU route: zeros
+        jobs, experts, seconds, fills, fill_seconds = poller.stats()
+        assert jobs == 1 and experts == len(set(ids[ids >= 0].tolist())) and seconds > 0
+        assert fills == 5 and 0.03 <= fill_seconds < 5
+        step(7, x, ids, w, n_fill=0, fill_after=0.0)      # no layer 7: zeros and an error, no hang
+        with pytest.raises(RuntimeError, match="bad layer"):
+            poller.stats()
+    finally:
+        poller.close()

@@ -238,12 +238,13 @@ def test_stage_and_merge_match_torch(dtype):
     w = torch.rand(T, K, generator=gen).to(dtype)
     host = dict(pin_memory=True) if CUDA else {}
     x_h, ids_h = torch.zeros(Tmax, H, dtype=dtype, **host), torch.full((Tmax, K), -5, dtype=torch.int64, **host)
-    w_h = torch.zeros(Tmax, K, **host)
-    stage_cpu_inputs(x.to(DEV), ids.to(DEV), route.to(DEV), w.to(DEV), x_h, ids_h, w_h)
+    w_h, n_h = torch.zeros(Tmax, K, **host), torch.zeros(1, dtype=torch.int64, **host)
+    n = torch.tensor([5], device=DEV)
+    stage_cpu_inputs(x.to(DEV), ids.to(DEV), route.to(DEV), w.to(DEV), n, x_h, ids_h, w_h, n_h)
     if CUDA:
         torch.cuda.synchronize()
     assert torch.equal(x_h[:T], x) and torch.equal(ids_h[:T], torch.where(route < 0, ids, -1))
-    assert torch.equal(w_h[:T], w.float()) and (ids_h[T:] == -5).all()
+    assert torch.equal(w_h[:T], w.float()) and (ids_h[T:] == -5).all() and n_h.item() == 5
     out, out_h = torch.randn(T, H, generator=gen), torch.randn(Tmax, H, generator=gen)
     y = merge_cpu_output(out.to(DEV), out_h.pin_memory() if CUDA else out_h, dtype)
     assert y.dtype == dtype and torch.equal(y.cpu(), (out + out_h[:T]).to(dtype))

@@ -2,7 +2,8 @@
 MoE layer step runs plan kernel -> fills -> experts -> CPU branch -> merge with no host sync, so
 the whole decode step can be captured in a CUDA graph. q* is device data (one value per layer),
 changed between steps without recapture. The CPU branch is signalled through flags in mapped
-pinned memory that a C++ poller answers. On the CPU (tests) the same steps run with the plain
+pinned memory that a C++ poller answers; the poller also times the step's fills (a flag the
+stream writes after them), so B_P is re-estimated in graph mode too. On the CPU (tests) the same steps run with the plain
 torch references, so the buffer logic is exercised without a GPU."""
 from __future__ import annotations
 
@@ -90,13 +91,14 @@ class DeviceControl:
             raise UserError("CUDA-graph decode with CPU experts needs the C++ CPU executor, which could not be "
                             "built here; install a C++ compiler, or use --no-graph or --moe-policy fetch")
         pin = dict(pin_memory=True)
-        self.flags = torch.zeros(2, dtype=torch.int32, **pin)                     # go, done
+        self.flags = torch.zeros(3, dtype=torch.int32, **pin)                     # go, done, fill
+        self.nfill = torch.zeros(1, dtype=torch.int64, **pin)                     # experts the step fills
         self.x_h = torch.zeros(max_tokens, H, dtype=rt.cpu.act_dtype(rt.store.views[0]["down"].dtype), **pin)
         self.ids_h = torch.full((max_tokens, top_k), -1, dtype=torch.int64, **pin)
         self.w_h = torch.zeros(max_tokens, top_k, dtype=torch.float32, **pin)
         self.out_h = torch.zeros(max_tokens, H, dtype=torch.float32, **pin)
-        self.go, self.done = device_ptr(self.flags), device_ptr(self.flags) + 4
-        self.poller = rt.cpu.poller(self.flags[0:1], self.flags[1:2], self.x_h, self.ids_h, self.w_h, self.out_h,
+        self.go, self.done, self.filled = (device_ptr(self.flags) + 4 * i for i in range(3))
+        self.poller = rt.cpu.poller(self.flags, self.nfill, self.x_h, self.ids_h, self.w_h, self.out_h,
                                     [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views])
 
     def set_q(self, policy) -> None:
@@ -143,6 +145,9 @@ class DeviceControl:
         if may_cpu:
             out_h = self._cpu_start(layer, x, ids, route, weights)
         self._fill(layer, n)
+        if may_cpu and self.cuda:  # the poller times the fills from go to here (B_P online)
+            from kernels.cuda_memops import write_value
+            write_value(self.filled, (layer + 1) | (T << 20))
         out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act)
         return self._cpu_finish(layer, out, out_h, x.dtype) if may_cpu else out.to(x.dtype)
 
@@ -163,7 +168,7 @@ class DeviceControl:
             return out
         from kernels.cuda_memops import write_value
         from kernels.stage_triton import stage_cpu_inputs
-        stage_cpu_inputs(x, ids, route, weights, self.x_h, self.ids_h, self.w_h)
+        stage_cpu_inputs(x, ids, route, weights, self.counts[2:3], self.x_h, self.ids_h, self.w_h, self.nfill)
         write_value(self.go, (layer + 1) | (x.shape[0] << 20))
         return None
 

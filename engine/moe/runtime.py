@@ -51,14 +51,18 @@ class ExpertRuntime:
         self.estimator = est if online else None
 
     def before_step(self) -> None:
-        """Between steps: fold the CPU branch's own timings into B_H and publish q* to the device."""
+        """Between steps: fold the CPU branch's and the fills' own timings (graph mode: from the
+        poller) into B_H and B_P and publish q* to the device."""
         ctl = self.device_ctl
         if ctl is None:
             return
         if ctl.poller is not None:
-            jobs, experts, seconds = ctl.poller.stats()
+            slot = self.store.layout.slot_bytes
+            jobs, experts, seconds, fills, fill_seconds = ctl.poller.stats()
             if self.estimator and experts:
-                self.estimator.cpu(experts * self.store.layout.slot_bytes, seconds)
+                self.estimator.cpu(experts * slot, seconds)
+            if self.estimator and fills:
+                self.estimator.fill(fills * slot, fill_seconds)
         if self.estimator:
             self.policy.q_star = self.estimator.q_star
         ctl.set_q(self.policy)

@@ -131,7 +131,7 @@ struct Job {
   int active = 0;   // workers inside work(); guarded by Pool::m
   std::mutex m;
   std::condition_variable cv;
-  bool done = false;
+  std::atomic<bool> done{false};  // set under m; also read without it by the poller
   std::string err;  // first failure; read only after done
   std::chrono::steady_clock::time_point t0, t1;  // submitted, retired: the CPU branch's duration
 
@@ -313,7 +313,7 @@ void* ftmoe_submit(void* pool, const void* x, const void* wgu, const void* wd, c
 int ftmoe_wait(void* job, double timeout_s) {
   auto* J = static_cast<Job*>(job);
   std::unique_lock<std::mutex> lk(J->m);
-  auto ready = [J] { return J->done; };
+  auto ready = [J] { return J->done.load(); };
   if (timeout_s < 0) J->cv.wait(lk, ready);
   else if (!J->cv.wait_for(lk, std::chrono::duration<double>(timeout_s), ready)) return 2;
   return J->err.empty() ? 0 : 1;
@@ -327,12 +327,16 @@ double ftmoe_seconds(void* job) {  // only once ftmoe_wait said done
 void ftmoe_free(void* job) { delete static_cast<Job*>(job); }  // only once ftmoe_wait said done
 
 // In-graph CPU branch. A thread polls `go` in mapped pinned memory: the GPU stream, after
-// staging x, ids and weights, writes go = (layer + 1) | (T << 20); the thread clears go, runs
-// that layer's CPU routes on the pool into `out`, then answers done = go, which the stream waits
-// for. A failure still answers (with zeros) so the GPU never hangs; Python reads the error.
+// staging x, ids, weights and the layer step's fill count, writes go = (layer + 1) | (T << 20);
+// the thread clears go, runs that layer's CPU routes on the pool into `out`, then answers
+// done = go, which the stream waits for. A failure still answers (with zeros) so the GPU never
+// hangs; Python reads the error. The stream also writes fill = go once the step's expert fills
+// have landed (before it waits for done); the thread timestamps that against go, so the fills
+// inside a graph are timed too (B_P online), and clears it.
 struct Poller {
   void* pool = nullptr;
-  volatile uint32_t *go = nullptr, *done = nullptr;
+  volatile uint32_t *go = nullptr, *done = nullptr, *fill = nullptr;
+  const volatile int64_t* nfill = nullptr;  // experts the layer step fills
   const void *x = nullptr, *ids = nullptr;
   const float* rw = nullptr;
   float* out = nullptr;
@@ -340,7 +344,9 @@ struct Poller {
   int H = 0, I = 0, E = 0, K = 0, dtype = 0, mode = 0;
   int64_t sgu = 0, sd = 0;
   std::atomic<bool> stop{false};
-  std::atomic<int64_t> jobs{0}, experts{0}, nanos{0};
+  std::atomic<int64_t> jobs{0}, experts{0}, nanos{0}, fills{0}, fill_nanos{0};
+  bool fill_seen = false;
+  std::chrono::steady_clock::time_point t_go, t_fill;
   std::mutex m;
   std::string err;
   std::thread th;
@@ -361,10 +367,14 @@ struct Poller {
     auto* J = static_cast<Job*>(ftmoe_submit(pool, x, wgu[layer], wd[layer], ids, rw, out, T, H, I,
                                              E, K, sgu, sd, dtype, 1, mode));
     if (!J) return fail("could not allocate a CPU branch job", T);
+    while (!J->done.load(std::memory_order_acquire)) watch_fill(v), _mm_pause();
     if (ftmoe_wait(J, -1.0)) fail(J->err, T);
     experts += int64_t(J->eid.size()), jobs += 1;
     nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     ftmoe_free(J);
+  }
+  void watch_fill(uint32_t v) {
+    if (!fill_seen && *fill == v) fill_seen = true, t_fill = std::chrono::steady_clock::now(), *fill = 0;
   }
   void loop() {
     for (int idle = 0; !stop.load(std::memory_order_relaxed);) {
@@ -374,21 +384,30 @@ struct Poller {
         continue;
       }
       idle = 0;
+      t_go = std::chrono::steady_clock::now(), fill_seen = false;
       *go = 0;
       std::atomic_thread_fence(std::memory_order_acquire);
+      int64_t nf = *nfill;
+      bool late = *fill == v;  // seen go only after the fills landed (the thread slept): no timing
       serve(v);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       *done = v;
+      while (!fill_seen && !stop.load(std::memory_order_relaxed)) watch_fill(v), _mm_pause();
+      if (nf > 0 && fill_seen && !late)
+        fills += nf, fill_nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(t_fill - t_go).count();
     }
   }
 };
 
-void* ftmoe_poller_start(void* pool, void* go, void* done, const void* x, const void* ids,
+// flags: uint32 [go, done, fill]; nfill: one int64.
+void* ftmoe_poller_start(void* pool, void* flags, const void* nfill, const void* x, const void* ids,
                          const float* rw, float* out, const void** wgu, const void** wd, int L,
                          int H, int I, int E, int K, int64_t sgu, int64_t sd, int dtype, int mode) {
   try {
     auto* P = new Poller();
-    P->pool = pool, P->go = static_cast<uint32_t*>(go), P->done = static_cast<uint32_t*>(done);
+    auto* f = static_cast<uint32_t*>(flags);
+    P->pool = pool, P->go = f, P->done = f + 1, P->fill = f + 2;
+    P->nfill = static_cast<const int64_t*>(nfill);
     P->x = x, P->ids = ids, P->rw = rw, P->out = out, P->wgu.assign(wgu, wgu + L), P->wd.assign(wd, wd + L);
     P->H = H, P->I = I, P->E = E, P->K = K, P->sgu = sgu, P->sd = sd, P->dtype = dtype, P->mode = mode;
     P->th = std::thread(&Poller::loop, P);
@@ -405,10 +424,12 @@ void ftmoe_poller_stop(void* p) {
   delete P;
 }
 
-// out3 = (jobs, distinct experts, nanoseconds) since the last call; returns 1 after a failure.
-int ftmoe_poller_stats(void* p, int64_t* out3) {
+// out5 = (jobs, distinct experts, nanoseconds, experts filled, their nanoseconds) since the last
+// call; returns 1 after a failure.
+int ftmoe_poller_stats(void* p, int64_t* out5) {
   auto* P = static_cast<Poller*>(p);
-  out3[0] = P->jobs.exchange(0), out3[1] = P->experts.exchange(0), out3[2] = P->nanos.exchange(0);
+  out5[0] = P->jobs.exchange(0), out5[1] = P->experts.exchange(0), out5[2] = P->nanos.exchange(0);
+  out5[3] = P->fills.exchange(0), out5[4] = P->fill_nanos.exchange(0);
   std::lock_guard<std::mutex> g(P->m);
   return P->err.empty() ? 0 : 1;
 }
