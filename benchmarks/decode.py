@@ -16,8 +16,9 @@ from engine.moe.routing import make_routing
 from engine.scheduler import Scheduler, Sequence
 
 
-def decode_once(engine: Engine, prompt: list[int], tokens: int) -> tuple[float, dict]:
-    """Prefill `prompt`, then time `tokens` decode steps -> (seconds, decode-only cache counters)."""
+def decode_once(engine: Engine, prompt: list[int], tokens: int, prof=None) -> tuple[float, dict]:
+    """Prefill `prompt`, then time `tokens` decode steps -> (seconds, decode-only cache counters);
+    a torch.profiler `prof` records the decode steps only."""
     sched = Scheduler(engine, set(), 1, 4096, prefix_cache=False)  # every repeat prefills from scratch
     seq = Sequence(list(prompt), SamplingParams(max_tokens=tokens + 1, ignore_eos=True))
     sched.add(seq)
@@ -25,11 +26,15 @@ def decode_once(engine: Engine, prompt: list[int], tokens: int) -> tuple[float, 
     sync(engine)
     engine.runtime.sync_stats()
     st = engine.runtime.cache.stats
+    if prof:
+        prof.start()
     before, t0 = replace(st), time.perf_counter()
     while not seq.finish:
         sched.step()
     sync(engine)
     seconds = time.perf_counter() - t0
+    if prof:
+        prof.stop()
     engine.runtime.sync_stats()
     return seconds, {k: getattr(st, k) - getattr(before, k) for k in COUNTERS}
 

@@ -9,34 +9,29 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.moe.block import MoEBlock
 from engine.moe.router import route
 
 
 def accuracy(engine, tokens: list[int]) -> list[float]:
-    """Per layer pair (l, l+1): mean over tokens of |predicted ∩ routed| / K."""
+    """Per layer pair (l, l+1): mean over tokens of |predicted ∩ routed| / K, where layer l+1's
+    router predicts from layer l's MoE input."""
+    from engine.kv.batch import ForwardBatch
     blocks = engine.model.moe_blocks()
-    seen: dict[int, tuple] = {}
-    orig = MoEBlock.forward
-
-    def spy(self, x, prefill):
-        seen[self.moe_index] = (x.clone(), route(self.gate(x), self.spec)[1])
-        return orig(self, x, prefill)
-    MoEBlock.forward = spy
+    inputs: dict[int, torch.Tensor] = {}
+    hooks = [b.register_forward_pre_hook(lambda m, args: inputs.__setitem__(m.moe_index, args[0].clone()))
+             for b in blocks]
+    pages = engine.kv.alloc(-(-len(tokens) // engine.kv.page_size))
     try:
-        from engine.kv.batch import ForwardBatch
-        pages = engine.kv.alloc(-(-len(tokens) // engine.kv.page_size))
         engine.model(ForwardBatch.build([(tokens, 0, pages)], engine.kv.page_size, engine.device), engine.kv)
-        engine.kv.release(pages)
     finally:
-        MoEBlock.forward = orig
+        engine.kv.release(pages)
+        for h in hooks:
+            h.remove()
     out = []
-    for i in range(len(blocks) - 1):
-        x, _ = seen[i]
-        pred = route(blocks[i + 1].gate(x), blocks[i + 1].spec)[1]
-        real = seen[i + 1][1]
-        hit = (pred[:, :, None] == real[:, None, :]).any(-1).float().mean()
-        out.append(float(hit))
+    for i, nxt in enumerate(blocks[1:]):
+        pred = route(nxt.gate(inputs[i]), nxt.spec)[1]
+        real = route(nxt.gate(inputs[i + 1]), nxt.spec)[1]
+        out.append(float((pred[:, :, None] == real[:, None, :]).any(-1).float().mean()))
     return out
 
 

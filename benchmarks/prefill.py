@@ -25,11 +25,11 @@ def ttft(engine: Engine, sched: Scheduler, prompt: list[int]) -> float:
     return time.perf_counter() - t0
 
 
-def row(engine: Engine, mode: str, what: str, tokens: int, seconds: float, before, prof: dict, chunk: int) -> dict:
+def row(engine: Engine, mode: str, what: str, tokens: int, seconds: float, before, prof: dict) -> dict:
     st, store = engine.runtime.cache.stats, engine.runtime.store
     layer_bytes = store.n_experts * store.layout.slot_bytes
     b_p = (prof["h2d_gbps"] or prof["cpu_expert_gbps"]) * 1e9
-    bound = -(-tokens // chunk) * len(store.banks) * layer_bytes / b_p
+    bound = -(-tokens // engine.prefill_chunk) * len(store.banks) * layer_bytes / b_p
     return {"mode": mode, "prompt": what, "tokens": tokens, "ttft_s": seconds, "bound_s": bound,
             "streamed_layers": st.stream_layers - before.stream_layers,
             "moved_gib": (st.bytes_filled - before.bytes_filled) / 2**30}
@@ -48,13 +48,11 @@ def run(engine: Engine, base: EngineConfig, modes: list[str], lengths: list[int]
         for n in lengths:
             prompt = torch.randint(0, vocab, (n,), generator=g).tolist()
             before = replace(rt.cache.stats)
-            rows.append(row(engine, mode, "cold", n, ttft(engine, sched, prompt), before, prof,
-                            engine.prefill_chunk))
+            rows.append(row(engine, mode, "cold", n, ttft(engine, sched, prompt), before, prof))
         if follow_up:  # the last prompt is cached in the prefix tree now
             prompt = prompt + torch.randint(0, vocab, (follow_up,), generator=g).tolist()
             before = replace(rt.cache.stats)
             t = ttft(engine, sched, prompt)
-            rows.append(row(engine, mode, f"+{follow_up} after {lengths[-1]}", follow_up, t, before, prof,
-                            engine.prefill_chunk))
+            rows.append(row(engine, mode, f"+{follow_up} after {lengths[-1]}", follow_up, t, before, prof))
         sched.prefix.evict(engine.kv.n_pages)  # the next mode starts from an empty prefix tree
     return rows

@@ -4,38 +4,16 @@ its operations. Usage (GPU): python3 -m benchmarks.step_profile ROUTING [LAYERS]
 from __future__ import annotations
 
 import sys
-import time
 from collections import defaultdict
 from dataclasses import replace
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.config import EngineConfig, SamplingParams, parse_size
+from benchmarks.decode import decode_once
+from engine.config import EngineConfig, parse_size
 from engine.loader import load_synthetic, rebuild_experts
 from engine.moe.routing import make_routing
 from engine.profile import load_or_measure
-from engine.scheduler import Scheduler, Sequence
-
-
-def steps(engine, prompt: list[int], n: int, prof=None) -> float:
-    """Prefill, then n decode steps (profiled when prof is given) -> seconds per decode step."""
-    sched = Scheduler(engine, set(), 1, 4096, prefix_cache=False)
-    seq = Sequence(list(prompt), SamplingParams(max_tokens=n + 1, ignore_eos=True))
-    sched.add(seq)
-    sched.step()
-    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
-    sync()
-    if prof:
-        prof.start()
-    t0 = time.perf_counter()
-    while not seq.finish:
-        sched.step()
-    sync()
-    dt = (time.perf_counter() - t0) / n
-    if prof:
-        prof.stop()
-    return dt
 
 
 def short(name: str) -> str:
@@ -79,11 +57,11 @@ def main(routing: str, layers: int = 12, budget: str = "2GiB", out: str | None =
         c = replace(cfg, moe_policy=pol, expert_budget=b)
         rt = rebuild_experts(engine, store, c, make_routing(routing, len(store.banks), store.n_experts, 8))
         rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1.0, prof["cpu_expert_concurrent_gbps"])
-        steps(engine, prompt, 8)
-        dt = steps(engine, prompt, 16)
+        decode_once(engine, prompt, 8)
+        dt = decode_once(engine, prompt, 16)[0] / 16
         kind = engine.device.type.upper()
         p = profile(activities=[getattr(ProfilerActivity, kind)])
-        steps(engine, prompt, 6, p)
+        decode_once(engine, prompt, 6, p)
         label = "all resident" if b == everything else f"{pol} {budget}"
         print(f"{label}: {dt * 1e3:.2f} ms per token ({1 / dt:.1f} tok/s), {layers} layers")
         report(p, 6, layers, kind)

@@ -85,7 +85,7 @@ def expert_slots(config: EngineConfig, layout: SlotLayout, store_bytes: int, n_e
     if budget is None and config.model is None:
         budget = max(int(0.4 * store_bytes), n_experts * layout.slot_bytes)
     elif budget is None:
-        budget = store_bytes if device.type == "cpu" else torch.cuda.mem_get_info(device)[0] - reserve
+        budget = store_bytes if device.type == "cpu" else free_memory(device) - reserve
     total = store_bytes // layout.slot_bytes
     return min(slots_for_budget(budget, layout, n_experts), total)
 

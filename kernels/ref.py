@@ -63,11 +63,13 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
             mask = kpos <= qpos
             if window:
                 mask &= kpos > qpos - window
-        # K/V expanded to every query head and a batch dim of 1: the fused (memory-efficient)
-        # kernels take only 4-D inputs of equal heads; anything else falls back to a math path
-        # that materialises [heads, T, ctx] scores
-        k, v = (t.repeat_interleave(qb.shape[0] // t.shape[0], 0)[None] for t in (k, v))
-        o = F.scaled_dot_product_attention(qb[None], k, v, attn_mask=mask, scale=scale)[0]
+        # 4-D inputs (a batch of 1), and with a mask K/V expanded to every query head: the fused
+        # kernels take nothing else, and the math fallback materialises [heads, T, ctx] scores
+        gqa = k.shape[0] != qb.shape[0]
+        if mask is not None and gqa:
+            k, v, gqa = *(t.repeat_interleave(qb.shape[0] // t.shape[0], 0) for t in (k, v)), False
+        o = F.scaled_dot_product_attention(qb[None], k[None], v[None], attn_mask=mask, scale=scale,
+                                           enable_gqa=gqa)[0]
         out.append(o.transpose(0, 1))
     return torch.cat(out, dim=0)
 

@@ -6,6 +6,7 @@ from torch import nn
 
 from engine.kv.batch import ForwardBatch
 from engine.layers.norm import rms_norm
+from engine.layers.rope import apply_rope
 from engine.models.base import ModelConfig
 from kernels import ref
 
@@ -46,9 +47,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, rope, cos, sin) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, cos, sin) -> torch.Tensor:
         q, k, v = self._qkv(x)
-        q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv.write(self.layer, k, v, batch.slots)
         if q.is_cuda and self.window is None and max(batch.q_lens) == 1:
             from kernels.attention_triton import paged_decode_attention

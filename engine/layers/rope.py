@@ -74,9 +74,6 @@ class Rope:
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.scale).to(dtype)[:, None, :], (emb.sin() * self.scale).to(dtype)[:, None, :]
 
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return apply_rope(x, cos, sin)
-
 
 @fused
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

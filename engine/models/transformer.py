@@ -34,8 +34,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, batch, kv, rope, cos, sin, prefill: bool):
-        h = h + self.self_attn(self.input_layernorm(h), batch, kv, rope, cos, sin)
+    def forward(self, h, batch, kv, cos, sin, prefill: bool):
+        h = h + self.self_attn(self.input_layernorm(h), batch, kv, cos, sin)
         x = self.post_attention_layernorm(h)
         return h + (self.mlp(x, prefill) if isinstance(self.mlp, MoEBlock) else self.mlp(x))
 
@@ -67,6 +67,6 @@ class CausalLM(nn.Module):
         cos, sin = self.rope.cos_sin(batch.positions, h.dtype)
         prefill = max(batch.q_lens) > 1
         for layer in self.model.layers:
-            h = layer(h, batch, kv, self.rope, cos, sin, prefill)
+            h = layer(h, batch, kv, cos, sin, prefill)
         h = self.model.norm(h[batch.logit_rows])
         return self.lm_head(h).float()
