@@ -74,6 +74,7 @@ def greedy(engine, prompt: list[int], n: int) -> list[int]:
     sched.add(seq)
     while not seq.finish:
         sched.step()
+    engine.runtime.sync_stats()  # graph decode counts on the device
     return seq.output
 
 
