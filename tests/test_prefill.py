@@ -61,9 +61,10 @@ def test_prefill_chunk_is_sized_from_free_memory(tiny_model):
 
 
 def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
-    """With a scripted clock: a layer's compute is its window less its own fetches, and a streamed
-    layer's window (which includes waiting for its stream) never feeds the estimate, so a short
-    chunk does not keep streaming once a layer streamed."""
+    """With a scripted clock: a layer's compute is its window less its own transfers (its fills,
+    or its wait for a streamed buffer), measured for streamed layers too, so a chunk stops
+    streaming when its layers get cheap; a new chunk starts from the last measurement scaled by
+    its tokens."""
     import engine.moe.prefill as prefill
     _, _, ftw = tiny_model("qwen3_moe")
     e = load(ftw, prefill_mode="adaptive", moe_policy="fetch")
@@ -71,19 +72,28 @@ def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
     per_expert = 1e-3                                     # s to fetch one expert
     rt.set_bandwidths(rt.store.layout.slot_bytes / per_expert / 1e9, 1.0)
     st, E, now, loaded = rt.streamer, rt.cache.n_experts, [0.0], []
+    monkeypatch.setattr(st, "cuda", False)  # the host clock, scripted, instead of CUDA events
     monkeypatch.setattr(prefill, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
     monkeypatch.setattr(st, "_load", loaded.append)
 
-    def layer(missing: int, compute: float, streamed: bool = False, wait: float = 0.0) -> None:
-        now[0] += compute + (wait if streamed else missing * per_expert)
-        st.maybe_prefetch(1, missing, streamed)
+    def layer(missing: int, compute: float, wait: float) -> None:
+        now[0] += compute / 2
+        with st.transfer():
+            now[0] += wait
+        now[0] += compute / 2
+        st.maybe_prefetch(1, missing)
 
-    st.begin()
-    layer(2, compute=1e-3)                                # (E - 2) experts = 6 ms > 1 ms: fetch
-    assert loaded == [] and abs(st.compute - 1e-3) < 1e-9
-    layer(E - 1, compute=20e-3)                           # 1 expert (1 ms) hides behind 20 ms: stream
+    st.begin(100)
+    layer(2, compute=1e-3, wait=2 * per_expert)           # (E - 2) experts = 6 ms > 1 ms: fetch
+    assert loaded == [] and st.compute == pytest.approx(1e-3)
+    layer(E - 1, compute=20e-3, wait=(E - 1) * per_expert)  # 1 expert (1 ms) hides behind 20 ms: stream
     assert loaded == [1]
-    layer(2, compute=1e-3)                                # back to small: fetch again
-    assert loaded == [1]
-    layer(2, compute=1e-3, streamed=True, wait=(E - 2) * per_expert)  # a stream wait is not compute
-    assert abs(st.compute - 1e-3) < 1e-9 and loaded == [1]
+    layer(E - 1, compute=20e-3, wait=0.5)                 # a long stream wait is not compute
+    assert st.compute == pytest.approx(20e-3) and loaded == [1, 1]
+    layer(E - 1, compute=0.5e-3, wait=0.0)                # a streamed layer got cheap: fetch again
+    assert loaded == [1, 1]
+    layer(-1, compute=20e-3, wait=0.0)                    # never stream a layer that is not cached
+    assert loaded == [1, 1]
+    st.end()
+    st.begin(10)                                          # a chunk of 10 tokens after one of 100
+    assert st.estimate() == pytest.approx(2e-3)

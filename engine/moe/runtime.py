@@ -5,6 +5,7 @@ runtime times its own fills and CPU batches to keep q* current."""
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -103,7 +104,7 @@ class ExpertRuntime:
         if scan:
             c.stats.scan_steps += 1
             if layer == 0 and st.usable:
-                st.begin()
+                st.begin(x.shape[0])
         slots = st.take(layer) if scan else None
         if slots is not None:
             out = self._experts(x, c.w["gate_up"], c.w["down"], slots[ids], weights, self.act)
@@ -111,8 +112,7 @@ class ExpertRuntime:
         else:
             out, missing = self._routed(layer, x, ids_h, weights, scan)
         if scan:
-            if self.policy.cacheable(layer + 1):
-                st.maybe_prefetch(layer + 1, missing, slots is not None)
+            st.maybe_prefetch(layer + 1, missing if self.policy.cacheable(layer + 1) else -1)
             if layer == len(self.store.banks) - 1 and st.active:
                 st.end()
         return out.to(x.dtype)
@@ -129,7 +129,8 @@ class ExpertRuntime:
         self._count(hits, misses, n_cpu)
         # the CPU branch starts before the fills are queued: x.cpu() would otherwise wait for them
         job = self._submit_cpu(layer, x, cpu_ids, weights, n_cpu) if n_cpu else None
-        self._fill(layer, victims, fetch)
+        with self.streamer.transfer() if scan and self.streamer.active else nullcontext():
+            self._fill(layer, victims, fetch)
         out = self._experts(x, c.w["gate_up"], c.w["down"], route.to(x.device), weights, self.act)
         if job is not None:
             fut, out_h, t0 = job
