@@ -77,7 +77,9 @@ def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, pr
     d = {k: sum(c[k] for _, c in runs) / n for k in COUNTERS}
     return {"policy": config.moe_policy + ("" if online else " (fixed q*)"), "graph": engine.graphs is not None, "tok_s": tokens / statistics.median(times),
             "hit_rate": d["hits"] / max(1e-9, d["hits"] + d["misses"]), **d, "q_star": rt.policy.q_star,
-            "hit_bytes": d["hits"] * store.layout.slot_bytes}
+            "hit_bytes": d["hits"] * store.layout.slot_bytes,
+            **({"b_p_online_gbps": rt.estimator.b_p / 1e9, "b_h_online_gbps": rt.estimator.b_h / 1e9}
+               if rt.estimator else {})}
 
 
 def bound(row: dict, prof: dict, dense: int, hbm: float) -> float:

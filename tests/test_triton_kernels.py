@@ -18,6 +18,7 @@ from kernels import ref  # noqa: E402
 from kernels.attention_triton import paged_decode_attention  # noqa: E402
 from kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
 from kernels.plan_triton import plan  # noqa: E402
+from kernels.router_triton import route  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -222,6 +223,25 @@ def test_plan_split_fetch_and_capacity():
             f = min(ref.split_fetch(M, float(torch.tensor(q))), S - 2)
             assert out[3].tolist() == [2, M, f], (q, M)
             assert set(out[1][:f].tolist()) == set(range(2, 2 + f))   # LRU: empty slots first
+
+
+# ---------------------------------------------------------------- router
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,E,K,scoring,norm,scaling,bias", [
+    (1, 128, 8, "softmax", True, 1.0, False), (5, 60, 4, "softmax", False, 1.0, False),
+    (3, 256, 8, "sigmoid", True, 2.5, True), (7, 8, 2, "sigmoid", False, 1.0, False)])
+def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias):
+    from engine.models.base import RouterSpec
+    from engine.moe.router import route_ref
+    _need(dtype)
+    gen = torch.Generator().manual_seed(T * E)
+    logits = (torch.randn(T, E, generator=gen) * 2).to(dtype)
+    b = torch.randn(E, generator=gen) * 0.1 if bias else None
+    spec = RouterSpec(top_k=K, scoring=scoring, norm_topk_prob=norm, scaling=scaling)
+    w_ref, ids_ref = route_ref(logits, spec, b)
+    w, ids = route(logits.to(DEV), K, scoring, norm, scaling, None if b is None else b.to(DEV))
+    assert torch.equal(ids.cpu(), ids_ref) and w.dtype == dtype
+    _close(w, w_ref.float(), dtype)
 
 
 # ---------------------------------------------------------------- CPU-branch staging and merge

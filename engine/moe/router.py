@@ -3,13 +3,20 @@ from __future__ import annotations
 
 import torch
 
-from engine.layers.fuse import fused
 from engine.models.base import RouterSpec
 
 
-@fused
 def route(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None):
-    """logits [T, E] -> (weights [T, K] in logits' dtype, expert ids [T, K] int64)."""
+    """logits [T, E] -> (weights [T, K] in logits' dtype, expert ids [T, K] int64); on CUDA one
+    Triton launch (kernels.router_triton), elsewhere the reference below."""
+    if logits.is_cuda:
+        from kernels.router_triton import route as route_kernel
+        return route_kernel(logits, spec.top_k, spec.scoring, spec.norm_topk_prob, spec.scaling, bias)
+    return route_ref(logits, spec, bias)
+
+
+def route_ref(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None):
+    """The semantics (plain torch)."""
     scores = logits.float().softmax(-1) if spec.scoring == "softmax" else logits.float().sigmoid()
     choice = scores if bias is None else scores + bias.float()
     ids = choice.topk(spec.top_k, dim=-1).indices
