@@ -103,8 +103,9 @@ def memory_hog(stop, nbytes: int) -> None:
 
 def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], policies: list[str],
         routings: list[str], graphs: list[bool | None], tokens: int, repeats: int, prompt_tokens: int,
-        prof: dict, contention: int = 0) -> list[dict]:
-    """One row per (load, graph, routing, budget, policy), all on the same engine and prompt."""
+        prof: dict, contention: int = 0, say=lambda row: None) -> list[dict]:
+    """One row per (load, graph, routing, budget, policy), all on the same engine and prompt;
+    say(row) as each is measured."""
     prompt = torch.randint(0, engine.cfg.vocab_size, (prompt_tokens,),
                            generator=torch.Generator().manual_seed(0)).tolist()
     dense, hbm = dense_bytes(engine), hbm_gbps(engine)
@@ -129,6 +130,7 @@ def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], po
             row["bound_tok_s"] = bound(row, prof, dense, hbm)
             row["ratio"] = row["tok_s"] / row["bound_tok_s"]
             rows.append(row)
+            say(row)
         stop.set()
         [p.join() for p in procs]
     return rows

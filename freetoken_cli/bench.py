@@ -58,7 +58,9 @@ def decode(model: Optional[str] = ModelArg,
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows = run(engine, engine.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
-               prompt_tokens, prof, contention)
+               prompt_tokens, prof, contention, say=lambda r: typer.echo(
+                   f"{r['policy']}, {r['routing']}, {r['budget_gib']:.1f} GiB, graph {'on' if r['graph'] else 'off'}, "
+                   f"load {r['load']}: {r['tok_s']:.2f} tok/s", err=True))
     if out:
         out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
     if as_json:

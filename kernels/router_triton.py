@@ -26,13 +26,14 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, scaling, eps,
     choice = s
     if HAS_BIAS:
         choice = s + tl.load(bias_ptr + e, mask=me, other=0.0).to(tl.float32)
+    choice = tl.where(choice != choice, float("inf"), choice)      # NaN ranks first, as in torch.topk
     choice = tl.where(me, choice, -float("inf"))
     k = tl.arange(0, BLOCK_K)
     ids = tl.zeros([BLOCK_K], tl.int64)
     w = tl.zeros([BLOCK_K], tl.float32)
     for j in range(0, K):
         best = tl.max(choice, axis=0)
-        i = tl.min(tl.where(choice == best, e, BLOCK_E), axis=0)     # lowest id among ties
+        i = tl.min(tl.where((choice == best) & me, e, E - 1), axis=0)  # lowest id among ties
         ids = tl.where(k == j, i, ids)
         w = tl.where(k == j, tl.sum(tl.where(e == i, s, 0.0), axis=0), w)
         choice = tl.where(e == i, -float("inf"), choice)
