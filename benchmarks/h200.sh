@@ -41,7 +41,10 @@ decode-b)  # issue 4: a locality trace, and a competing host-memory load
 prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 200-token follow-up
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 8GiB --lengths 1024,16384 \
-    --mode stream,adaptive --follow-up 200 --out "$out/prefill.json" > "$out/prefill.txt" 2>&1; cat "$out/prefill.txt" ;;
+    --mode stream,adaptive --follow-up 200 --out "$out/prefill.json" > "$out/prefill.txt" 2>&1; cat "$out/prefill.txt"
+  # the compute floor: the same 16k prompt with every expert resident
+  ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 60GiB --lengths 16384 --mode routed \
+    --follow-up 0 --out "$out/prefill_resident.json" > "$out/prefill_resident.txt" 2>&1; cat "$out/prefill_resident.txt" ;;
 step)  # where one decode step's GPU time goes, 12 layers, per policy
   python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
   python3 -m benchmarks.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;

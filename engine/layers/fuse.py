@@ -1,5 +1,5 @@
 """Elementwise chains fused on the GPU. A decode step runs dozens of tiny ops per layer (norms,
-rotary embeddings, router scoring), each a ~2 us kernel launch; torch.compile turns each small
+rotary embeddings), each a ~2 us kernel launch; torch.compile turns each small
 function below into one or two kernels. Other devices run the plain function, which stays the
 reference."""
 from __future__ import annotations
