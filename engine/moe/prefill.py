@@ -100,7 +100,8 @@ class LayerStreamer:
 
     def maybe_prefetch(self, layer: int, missing: int) -> None:
         """After layer-1's step (its `missing` experts were not resident): start streaming `layer`
-        if the bandwidth model says so (missing < 0: never, `layer` is not cacheable); then open `layer`'s compute window."""
+        if the bandwidth model says so (missing < 0: never, `layer` is not cacheable); then open
+        `layer`'s compute window."""
         if not self.active:
             return
         compute = self._measure()

@@ -129,9 +129,20 @@ class ExpertRuntime:
         self._count(hits, misses, n_cpu)
         # the CPU branch starts before the fills are queued: x.cpu() would otherwise wait for them
         job = self._submit_cpu(layer, x, cpu_ids, weights, n_cpu) if n_cpu else None
-        with self.streamer.transfer() if scan and self.streamer.active else nullcontext():
+        route_d = route.to(x.device)
+        if scan and victims:  # a long chunk: its resident experts compute while the fills run
+            timed = self.streamer.transfer if self.streamer.active else nullcontext
+            with timed():  # on CUDA only queued here
+                done = self._fill(layer, victims, fetch, self.streamer.copy_stream)
+            fetched = torch.isin(route_d, torch.tensor(victims, device=x.device))
+            out = self._experts(x, c.w["gate_up"], c.w["down"], route_d.masked_fill(fetched, -1), weights, self.act)
+            with timed():
+                if done is not None:
+                    torch.cuda.current_stream().wait_event(done)
+            out += self._experts(x, c.w["gate_up"], c.w["down"], route_d.masked_fill(~fetched, -1), weights, self.act)
+        else:
             self._fill(layer, victims, fetch)
-        out = self._experts(x, c.w["gate_up"], c.w["down"], route.to(x.device), weights, self.act)
+            out = self._experts(x, c.w["gate_up"], c.w["down"], route_d, weights, self.act)
         if job is not None:
             fut, out_h, t0 = job
             fut.wait()
@@ -148,25 +159,33 @@ class ExpertRuntime:
         fut = self.cpu.submit(x.cpu(), bank["gate_up"], bank["down"], cpu_ids, weights.float().cpu(), out_h)
         return fut, out_h, t0
 
-    def _fill(self, layer: int, victims: list[int], fetch: list[int]) -> None:
+    def _fill(self, layer: int, victims: list[int], fetch: list[int], stream=None):
+        """Copy the fetched experts into their slots, on `stream` if given (after the work queued
+        so far, which may still read the victims) -> an event the consumer waits for, or None."""
         if not victims:
-            return
+            return None
         bank, pool, nbytes = self.store.banks[layer], self.cache.pool, len(victims) * self.store.layout.slot_bytes
-        cuda = pool.is_cuda
+        cuda, done = pool.is_cuda, None
         t0 = time.perf_counter()
-        if cuda and self.estimator:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        for s, e in zip(victims, fetch):
-            pool[s].copy_(bank[e], non_blocking=True)
-        if self.estimator:
-            if cuda:
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            if cuda and self.estimator:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            for s, e in zip(victims, fetch):
+                pool[s].copy_(bank[e], non_blocking=True)
+            if cuda and self.estimator:
                 end.record()
                 self._pending_fill = (start, end, nbytes)
-            else:
-                self.estimator.fill(nbytes, time.perf_counter() - t0)
+            if stream is not None:
+                done = torch.cuda.Event()
+                done.record()
+        if self.estimator and not cuda:
+            self.estimator.fill(nbytes, time.perf_counter() - t0)
         self.cache.stats.fetched += len(victims)
         self.cache.stats.bytes_filled += nbytes
+        return done
 
     def _update_q(self) -> None:
         """Fold the last timed fill into B_P (once its events completed) and refresh q*."""
