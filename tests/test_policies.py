@@ -93,3 +93,20 @@ def test_profile_json():
         assert res["h2d_gbps"] is None and res["h2d_concurrent_gbps"] is None and res["q_star"] == 0
     assert res["cpu_expert_gbps"] > 0.05
     assert {"gpu", "cpu", "physical_cores", "ram_gib", "pcie_gen", "pcie_width"} <= set(res["machine"])
+
+
+def test_profile_working_set_exceeds_the_last_level_cache(tmp_path):
+    """B_H is measured over 3x the L3 (summed over the caches that distinct CPU sets share)."""
+    from engine.profile import llc_bytes
+
+    def cache(cpu: int, index: int, level: int, size: str, shared: str) -> None:
+        d = tmp_path / f"cpu{cpu}" / "cache" / f"index{index}"
+        d.mkdir(parents=True)
+        for name, text in (("level", level), ("size", size), ("shared_cpu_list", shared)):
+            (d / name).write_text(f"{text}\n")
+    cache(0, 2, 2, "2048K", "0")
+    cache(0, 3, 3, "32768K", "0-1")
+    cache(1, 3, 3, "32768K", "0-1")          # the same L3, seen from its second CPU
+    cache(2, 3, 3, "1M", "2-3")              # another socket
+    assert llc_bytes(tmp_path) == (32 << 20) + (1 << 20)
+    assert llc_bytes(tmp_path / "none") == 0
