@@ -32,6 +32,43 @@ def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch
     _fill_kernel[grid](s64, d64, victims, fetch, base, words, CHUNK=chunk_words, BLOCK=min(4096, chunk_words))
 
 
+@triton.jit
+def _fill_part_kernel(src_gu, src_d, dst_gu, dst_d, split_ptr, counts_ptr, base, H, I, s_gu, s_d,
+                      d_gu, d_d, BLOCK: tl.constexpr):
+    p = tl.program_id(0)                                 # gate/up row p < 2I, else down row p - 2I
+    e = tl.load(split_ptr)
+    r = tl.load(counts_ptr + 3)
+    row = (tl.maximum(e, 0) + base).to(tl.int64)
+    if p < 2 * I:
+        n = tl.where((p % I) < r, H, 0)                  # rows past r are written as zeros
+        for h0 in range(0, tl.where(e >= 0, H, 0), BLOCK):
+            o = h0 + tl.arange(0, BLOCK)
+            m = o < H
+            v = tl.load(src_gu + row * s_gu + p * H + o, mask=o < n, other=0)
+            tl.store(dst_gu + d_gu + p * H + o, v, mask=m)
+    else:
+        hh = p - 2 * I
+        for i0 in range(0, tl.where(e >= 0, I, 0), BLOCK):
+            o = i0 + tl.arange(0, BLOCK)
+            v = tl.load(src_d + row * s_d + hh * I + o, mask=(o < I) & (o < r), other=0)
+            tl.store(dst_d + d_d + hh * I + o, v, mask=o < I)
+
+
+def fill_part(src: dict, dst: dict, scratch: int, split: torch.Tensor, counts: torch.Tensor, base: int) -> None:
+    """kernels.ref.fill_part with the split read from device data (no host sync): src / dst are
+    the typed views {"gate_up": [N, 2I, H], "down": [N, H, I]} of the host store's rows (pinned,
+    over UVA) and of the device pool; split [1] = the split expert within the layer (-1: none),
+    counts[3] = its rows on the GPU; the expert's row is base + split, its part goes to slot
+    `scratch`."""
+    gu, d = src["gate_up"], src["down"]
+    H, I = d.shape[1], d.shape[2]
+    dgu, dd = dst["gate_up"], dst["down"]
+    assert gu.stride()[1:] == (H, 1) and d.stride()[1:] == (I, 1) and dgu.stride()[1:] == (H, 1)
+    _fill_part_kernel[(2 * I + H,)](gu, d, dgu, dd, split, counts, base, H, I, gu.stride(0), d.stride(0),
+                                    scratch * dgu.stride(0), scratch * dd.stride(0),
+                                    BLOCK=min(1024, triton.next_power_of_2(max(H, I))))
+
+
 def bench_fill(n: int = 8, slot_bytes: int = 9 << 20, rows: int = 64) -> dict:
     """H200 timing: n expert fills of slot_bytes from pinned host rows, by this kernel and by the
     copy engine (one cudaMemcpyAsync per row); GB/s of each."""

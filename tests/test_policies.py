@@ -13,7 +13,11 @@ POLICIES = ["fetch", "cpu", "adaptive", "static:1", "static:3"]
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "device-control"])
 @pytest.mark.parametrize("slots", [8, 13])
-def test_policies_give_identical_tokens(tiny_model, slots, graph):
+def test_policies_give_identical_tokens(tiny_model, slots, graph, monkeypatch):
+    from kernels import ref
+    splits = []
+    fill_part = ref.fill_part
+    monkeypatch.setattr(ref, "fill_part", lambda *a: (splits.append(a[-1]), fill_part(*a)))
     _, _, ftw = tiny_model("qwen3_moe")
     prompt = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(7)).tolist()
     want = greedy(load(ftw), prompt, 16)
@@ -29,6 +33,9 @@ def test_policies_give_identical_tokens(tiny_model, slots, graph):
             assert st.cpu == 0
         else:
             assert st.cpu > 0
+        # adaptive splits an expert between the sides whenever q* M is not whole (odd M here)
+        assert (len(splits) > 0) == (policy == "adaptive"), policy
+        splits.clear()
         if policy == "static:3":  # every MoE layer on the CPU: nothing is ever cached
             assert st.fetched == 0 and st.hits == 0
         if policy.startswith("static"):
