@@ -181,7 +181,8 @@ class CPUExecutor:
     def poller(self, flags: torch.Tensor, nfill: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor, out: torch.Tensor, gate_up: list, down: list) -> "Poller":
         """Serve a CUDA graph's CPU branch: see cpu_moe.cpp's Poller. flags: int32 [go, done,
-        fill]; nfill: int64 [1], the intermediate rows the step fills (I per expert); x [Tmax, H] (act_dtype), ids [Tmax, K] int64, weights [Tmax, K]
+        fill]; nfill: int64 [1], the intermediate rows the step fills (I per expert); x [Tmax, H]
+        (act_dtype), ids [Tmax, K] int64, weights [Tmax, K]
         fp32, out [Tmax, H] fp32, all in pinned memory; gate_up / down are the per-layer bank
         views [E, 2I, H] / [E, H, I]."""
         if self._pool is None:

@@ -130,8 +130,10 @@ def test_record_trace_then_bench_decode_replays_it(tiny_hf, tmp_path):
     rows = json.loads(r.stdout)["rows"]
     assert [(x["routing"], x["policy"]) for x in rows] == [
         (rt, p) for rt in ("model", "trace.npy") for p in ("adaptive", "fetch", "cpu")]
+    assert r.stderr.count(" tok/s") == len(rows)  # each row reported as it is measured
     for x in rows:
         assert x["tok_s"] > 0 and 0 <= x["hit_rate"] <= 1 and x["bound_tok_s"] > 0
+        assert x["b_p_online_gbps"] > 0 and x["b_h_online_gbps"] > 0
         if x["policy"] == "fetch":
             assert x["cpu"] == 0
         if x["policy"] == "cpu":

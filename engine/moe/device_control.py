@@ -110,17 +110,11 @@ class DeviceControl:
             self.q.copy_(torch.tensor(q, dtype=torch.float64))
             self.q_host = q
 
-    def collect(self, stats, slot_bytes: int) -> None:
-        """Fold the device counters into the host CacheStats (one sync)."""
-        hits, misses, fetched, rows = self.stats.tolist()
+    def take_counters(self) -> list[int]:
+        """(hits, misses, fetched, split rows) since the last call (one sync)."""
+        out = self.stats.tolist()
         self.stats.zero_()
-        part = rows * slot_bytes // self.rt.cache.rows  # split experts' GPU parts
-        stats.hits += hits
-        stats.misses += misses
-        stats.fetched += fetched
-        stats.cpu += misses - fetched
-        stats.bytes_filled += fetched * slot_bytes + part
-        stats.bytes_cpu += (misses - fetched) * slot_bytes - part
+        return out
 
     def _plan(self, ids: torch.Tensor, layer: int, route: torch.Tensor, n: int) -> None:
         c = self.rt.cache

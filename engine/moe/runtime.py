@@ -70,7 +70,10 @@ class ExpertRuntime:
 
     def sync_stats(self) -> None:
         if self.device_ctl is not None:
-            self.device_ctl.collect(self.cache.stats, self.store.layout.slot_bytes)
+            hits, misses, fetched, rows = self.device_ctl.take_counters()
+            self._count(hits, misses, misses - fetched, rows)
+            self.cache.stats.fetched += fetched
+            self.cache.stats.bytes_filled += fetched * self.store.layout.slot_bytes
 
     def close(self) -> None:
         if self.device_ctl is not None:
