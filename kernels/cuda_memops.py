@@ -1,6 +1,7 @@
-"""CUDA stream memory operations through libcuda (ctypes): a stream writes a 32-bit value to, or
-waits for a value in, mapped pinned host memory. They are captured into CUDA graphs like any
-other stream work, which lets a graph signal the CPU expert branch and wait for its answer."""
+"""CUDA stream memory operations through libcuda (ctypes): a stream waits for a 32-bit value in
+mapped pinned host memory. The wait is captured into CUDA graphs like any other stream work,
+which lets a graph wait for the CPU expert branch's answer (kernels.stage_triton.signal is the
+other direction)."""
 from __future__ import annotations
 
 import ctypes
@@ -15,10 +16,9 @@ def _cuda():
     global _lib
     if _lib is None:
         _lib = ctypes.CDLL("libcuda.so.1")
-        for name in ("cuStreamWriteValue32", "cuStreamWaitValue32"):
-            fn = getattr(_lib, name + "_v2", None) or getattr(_lib, name)
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
-            setattr(_lib, "ft_" + name, fn)
+        fn = getattr(_lib, "cuStreamWaitValue32_v2", None) or _lib.cuStreamWaitValue32
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+        _lib.ft_cuStreamWaitValue32 = fn
         _lib.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
     return _lib
 
@@ -34,12 +34,6 @@ def device_ptr(t: torch.Tensor) -> int:
     _check(_cuda().cuMemHostGetDevicePointer_v2(ctypes.byref(out), ctypes.c_void_p(t.data_ptr()), 0),
            "cuMemHostGetDevicePointer")
     return out.value
-
-
-def write_value(ptr: int, value: int) -> None:
-    """On the current stream: *ptr = value once prior work is done."""
-    s = torch.cuda.current_stream().cuda_stream
-    _check(_cuda().ft_cuStreamWriteValue32(s, ptr, value, 0), "cuStreamWriteValue32")
 
 
 def wait_value(ptr: int, value: int) -> None:

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import ref
+
 
 @triton.jit
 def _fill_kernel(src_ptr, dst_ptr, vic_ptr, fetch_ptr, base, W, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
@@ -33,40 +35,37 @@ def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch
 
 
 @triton.jit
-def _fill_part_kernel(src_gu, src_d, dst_gu, dst_d, split_ptr, counts_ptr, base, H, I, s_gu, s_d,
-                      d_gu, d_d, BLOCK: tl.constexpr):
-    p = tl.program_id(0)                                 # gate/up row p < 2I, else down row p - 2I
+def _fill_part_kernel(src_ptr, dst_ptr, split_ptr, counts_ptr, base, scratch, W, gu_w, d_w, H, I,
+                      V: tl.constexpr, BLOCK: tl.constexpr):
+    # units of GRAIN elements (V words): gate_up [2I, H] then down [H, I], each contiguous
     e = tl.load(split_ptr)
-    r = tl.load(counts_ptr + 3)
-    row = (tl.maximum(e, 0) + base).to(tl.int64)
-    if p < 2 * I:
-        n = tl.where((p % I) < r, H, 0)                  # rows past r are written as zeros
-        for h0 in range(0, tl.where(e >= 0, H, 0), BLOCK):
-            o = h0 + tl.arange(0, BLOCK)
-            m = o < H
-            v = tl.load(src_gu + row * s_gu + p * H + o, mask=o < n, other=0)
-            tl.store(dst_gu + d_gu + p * H + o, v, mask=m)
-    else:
-        hh = p - 2 * I
-        for i0 in range(0, tl.where(e >= 0, I, 0), BLOCK):
-            o = i0 + tl.arange(0, BLOCK)
-            v = tl.load(src_d + row * s_d + hh * I + o, mask=(o < I) & (o < r), other=0)
-            tl.store(dst_d + d_d + hh * I + o, v, mask=o < I)
+    if e >= 0:
+        r = tl.load(counts_ptr + 3)                      # rows on the GPU, a multiple of GRAIN
+        half, n_gu, per_row = I * H // 16, I * H // 8, I // 16
+        k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        kd = k - n_gu
+        gu = k < n_gu
+        live = k < n_gu + half
+        keep = tl.where(gu, (k % half) < (r // 16) * H, (kd % per_row) < r // 16) & live
+        off = tl.where(gu, gu_w + k * V, d_w + kd * V)[:, None] + tl.arange(0, V)[None, :]
+        v = tl.load(src_ptr + (e + base) * W + off, mask=keep[:, None], other=0)   # the rest is zero
+        tl.store(dst_ptr + scratch * W + off, v, mask=live[:, None])
 
 
-def fill_part(src: dict, dst: dict, scratch: int, split: torch.Tensor, counts: torch.Tensor, base: int) -> None:
-    """kernels.ref.fill_part with the split read from device data (no host sync): src / dst are
-    the typed views {"gate_up": [N, 2I, H], "down": [N, H, I]} of the host store's rows (pinned,
-    over UVA) and of the device pool; split [1] = the split expert within the layer (-1: none),
-    counts[3] = its rows on the GPU; the expert's row is base + split, its part goes to slot
-    `scratch`."""
-    gu, d = src["gate_up"], src["down"]
-    H, I = d.shape[1], d.shape[2]
-    dgu, dd = dst["gate_up"], dst["down"]
-    assert gu.stride()[1:] == (H, 1) and d.stride()[1:] == (I, 1) and dgu.stride()[1:] == (H, 1)
-    _fill_part_kernel[(2 * I + H,)](gu, d, dgu, dd, split, counts, base, H, I, gu.stride(0), d.stride(0),
-                                    scratch * dgu.stride(0), scratch * dd.stride(0),
-                                    BLOCK=min(1024, triton.next_power_of_2(max(H, I))))
+def fill_part(src: torch.Tensor, dst: torch.Tensor, layout, scratch: int, split: torch.Tensor,
+              counts: torch.Tensor, base: int, block: int = 1024) -> None:
+    """kernels.ref.fill_part with the split read from device data (no host sync): src [N, B]
+    uint8 (the host store's rows, pinned, over UVA), dst [S + 1, B] uint8 (the device pool);
+    split [1] = the split expert within the layer (-1: none), counts[3] = its rows on the GPU (a
+    multiple of ref.GRAIN); expert row base + split goes to slot `scratch`. Copies whole units of
+    GRAIN elements as words: wide requests over PCIe."""
+    (_, dt, (i2, H), gu), (_, _, _, d) = layout.entries
+    I, size = i2 // 2, getattr(torch, dt).itemsize
+    assert ref.GRAIN == 16 and I % 16 == 0 and gu % 8 == 0 and d % 8 == 0
+    n_units = 3 * I * H // 16
+    _fill_part_kernel[(triton.cdiv(n_units, block),)](src.view(torch.int64), dst.view(torch.int64), split, counts,
+                                                      base, scratch, src.shape[1] // 8, gu // 8, d // 8, H, I,
+                                                      V=16 * size // 8, BLOCK=block, num_warps=8)
 
 
 def bench_fill(n: int = 8, slot_bytes: int = 9 << 20, rows: int = 64) -> dict:

@@ -117,7 +117,7 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     block_s = block_s or min(triton.next_power_of_2(S), max(64, 16384 // block_n))
     _plan_kernel[(1,)](ids.contiguous(), slot_of, owner_of, last_use, seen, clock, q, out_route,
                        out_victims, out_fetch, out_counts, out_split, N, S, n_out, layer * n_experts,
-                       rows, min(ref.GRAIN, rows),
+                       rows, ref.grain(rows),
                        BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_O=triton.next_power_of_2(n_out),
                        num_warps=4 if block_n <= 64 else 8)
 

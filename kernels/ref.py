@@ -85,10 +85,15 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 GRAIN = 16  # intermediate rows: the unit in which an expert is split between the two sides
 
 
+def grain(rows: int) -> int:
+    """The split unit of an expert with `rows` intermediate rows (rows: no split inside it)."""
+    return GRAIN if rows % GRAIN == 0 else rows
+
+
 def split_fetch(m: int, q: float, rows: int = 1) -> tuple[int, int]:
     """The miss split of a layer step with m misses, q = B_P / (B_P + B_H): fetch F whole experts
     over PCIe and the first r of the `rows` intermediate rows of the next one; the CPU computes
-    the rest of that one and the other misses. F + r / rows is q * m rounded to min(GRAIN, rows)
+    the rest of that one and the other misses. F + r / rows is q * m rounded to grain(rows)
     rows, so both sides finish together (rows = 1: F = q * m rounded, no split)."""
     if q >= 1.0:
         return m, 0
@@ -96,7 +101,7 @@ def split_fetch(m: int, q: float, rows: int = 1) -> tuple[int, int]:
         return 0, 0
     fl = q * m
     f = int(fl)
-    g = min(GRAIN, rows)
+    g = grain(rows)
     r = int((fl - f) * rows / g + 0.5) * g
     return (f + 1, 0) if r >= rows else (f, r)
 

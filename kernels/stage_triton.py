@@ -34,8 +34,11 @@ def _stage_kernel(x_ptr, ids_ptr, route_ptr, w_ptr, counts_ptr, xh_ptr, idsh_ptr
 
 
 @triton.jit
-def _merge_kernel(out_ptr, outh_ptr, y_ptr, N, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _merge_kernel(out_ptr, outh_ptr, y_ptr, done_ptr, N, BLOCK: tl.constexpr):
+    p = tl.program_id(0)
+    if p == 0:
+        tl.store(done_ptr, 0)                            # re-arm the CPU branch's answer flag
+    i = p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     v = tl.load(out_ptr + i, mask=m, other=0.0) + tl.load(outh_ptr + i, mask=m, other=0.0)
     tl.store(y_ptr + i, v.to(y_ptr.dtype.element_ty), mask=m)
@@ -54,9 +57,22 @@ def stage_cpu_inputs(x: torch.Tensor, ids: torch.Tensor, route: torch.Tensor, w:
                         BLOCK_H=min(1024, triton.next_power_of_2(H)))
 
 
-def merge_cpu_output(out: torch.Tensor, out_h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """out [T, H] fp32 on the device + rows 0..T of out_h [Tmax, H] fp32 on the host -> [T, H] dtype."""
+def merge_cpu_output(out: torch.Tensor, out_h: torch.Tensor, dtype: torch.dtype, done: torch.Tensor) -> torch.Tensor:
+    """out [T, H] fp32 on the device + rows 0..T of out_h [Tmax, H] fp32 on the host -> [T, H]
+    dtype; done [1] int32 (mapped host memory) is set to 0."""
     y = torch.empty(out.shape, dtype=dtype, device=out.device)
     n, block = out.numel(), 1024
-    _merge_kernel[(triton.cdiv(n, block),)](out.contiguous(), out_h, y, n, BLOCK=block)
+    _merge_kernel[(triton.cdiv(n, block),)](out.contiguous(), out_h, y, done, n, BLOCK=block)
     return y
+
+
+@triton.jit
+def _signal_kernel(flag_ptr, value):
+    tl.atomic_xchg(flag_ptr, value, sem="release", scope="sys")  # after all earlier writes
+
+
+def signal(flag: torch.Tensor, value: int) -> None:
+    """On the current stream, once prior work is done: flag [1] int32 (mapped host memory) = value,
+    ordered after every earlier write of the stream. A launch costs less than a stream memory
+    operation inside a graph."""
+    _signal_kernel[(1,)](flag, value, num_warps=1)

@@ -87,9 +87,11 @@ def test_plan_evicts_least_recently_used():
 
 @pytest.mark.parametrize("q", [0.0, 0.13, 0.3, 0.5, 0.61, 0.77, 0.9, 1.0])
 def test_split_fetch_follows_q(q):
-    """F whole experts plus r rows of one more make q * M, to the nearest grain of rows."""
-    for rows in (1, 40, 768):
-        g = min(ref.GRAIN, rows)
+    """F whole experts plus r rows of one more make q * M, to the nearest grain of rows (an
+    expert whose rows are not a multiple of GRAIN is never split)."""
+    for rows in (1, 40, 48, 768):
+        g = ref.grain(rows)
+        assert g == (rows if rows == 1 or rows == 40 else ref.GRAIN)
         for m in range(0, 40):
             f, r = ref.split_fetch(m, q, rows)
             assert 0 <= f <= m and 0 <= r < rows and r % g == 0 and (r == 0 or f < m)

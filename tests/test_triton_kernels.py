@@ -255,8 +255,8 @@ def test_fill_part_matches_ref(dtype, split, r):
         src, dst = layout.views(rows), layout.views(want)
         ref.fill_part(src["gate_up"], src["down"], dst["gate_up"][S], dst["down"][S], E + split, r)
     pool = pool.to(DEV)
-    fill_part(layout.views(rows.to(DEV) if CUDA else rows), layout.views(pool), S,
-              torch.tensor([split], device=DEV), torch.tensor([0, 0, 0, r], device=DEV), base=E)
+    fill_part(rows.to(DEV) if CUDA else rows, pool, layout, S, torch.tensor([split], device=DEV),
+              torch.tensor([0, 0, 0, r], device=DEV), base=E, block=64)
     assert torch.equal(pool.cpu(), want)
 
 
@@ -284,7 +284,7 @@ def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias):
 def test_stage_and_merge_match_torch(dtype):
     """Staging into (host) buffers and merging the host partial sum back, against plain torch."""
     _need(dtype)
-    from kernels.stage_triton import merge_cpu_output, stage_cpu_inputs
+    from kernels.stage_triton import merge_cpu_output, signal, stage_cpu_inputs
     gen = torch.Generator().manual_seed(3)
     T, K, H, Tmax = 3, 6, 1100, 4                                  # H not a multiple of the block
     x = torch.randn(T, H, generator=gen).to(dtype)
@@ -303,5 +303,10 @@ def test_stage_and_merge_match_torch(dtype):
     assert (ids_h[:T, 0] >> ref.ROW_SHIFT == r).all() and (ids_h[:T, 1:] < 64).all()
     assert torch.equal(w_h[:T], w.float()) and (ids_h[T:] == -5).all() and n_h.item() == 5 * rows + r
     out, out_h = torch.randn(T, H, generator=gen), torch.randn(Tmax, H, generator=gen)
-    y = merge_cpu_output(out.to(DEV), out_h.pin_memory() if CUDA else out_h, dtype)
+    flags = torch.tensor([3, 7], dtype=torch.int32, **host)         # go, done
+    y = merge_cpu_output(out.to(DEV), out_h.pin_memory() if CUDA else out_h, dtype, flags[1:2])
+    signal(flags[0:1], 5 | (T << 20))
+    if CUDA:
+        torch.cuda.synchronize()
     assert y.dtype == dtype and torch.equal(y.cpu(), (out + out_h[:T]).to(dtype))
+    assert flags.tolist() == [5 | (T << 20), 0]                      # signalled; the answer re-armed

@@ -21,6 +21,7 @@ class CacheStats:
     cpu: int = 0             # misses computed on the CPU
     bytes_filled: int = 0
     bytes_cpu: int = 0       # expert bytes the CPU read for its routes
+    split_rows: int = 0      # intermediate rows of split experts (counted in cpu) filled and run on the GPU
     scan_steps: int = 0      # prefill layer steps run in scan mode (long chunks)
     stream_layers: int = 0   # of those, layers streamed whole into a prefill buffer
 

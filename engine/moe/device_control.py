@@ -99,7 +99,7 @@ class DeviceControl:
         self.ids_h = torch.full((max_tokens, top_k), -1, dtype=torch.int64, **pin)
         self.w_h = torch.zeros(max_tokens, top_k, dtype=torch.float32, **pin)
         self.out_h = torch.zeros(max_tokens, H, dtype=torch.float32, **pin)
-        self.go, self.done, self.filled = (device_ptr(self.flags) + 4 * i for i in range(3))
+        self.done = device_ptr(self.flags) + 4                                    # waited for by the stream
         self.poller = rt.cpu.poller(self.flags, self.nfill, self.x_h, self.ids_h, self.w_h, self.out_h,
                                     [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views])
 
@@ -146,8 +146,8 @@ class DeviceControl:
             out_h = self._cpu_start(layer, x, ids, route, weights)
         self._fill(layer, n)
         if may_cpu and self.cuda:  # the poller times the fills from go to here (B_P online)
-            from kernels.cuda_memops import write_value
-            write_value(self.filled, (layer + 1) | (T << 20))
+            from kernels.stage_triton import signal
+            signal(self.flags[2:3], (layer + 1) | (T << 20))
         out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act)
         return self._cpu_finish(layer, out, out_h, x.dtype) if may_cpu else out.to(x.dtype)
 
@@ -159,7 +159,7 @@ class DeviceControl:
             from kernels.fill_triton import fill_part, fill_rows
             fill_rows(self.rt.store.rows, c.pool, self.victims[:n], self.fetch[:n], base)
             if self.rt.policy.may_cpu(layer):
-                fill_part(self.src, c.w, c.scratch, self.split, self.counts, base)
+                fill_part(self.rt.store.rows, c.pool, c.layout, c.scratch, self.split, self.counts, base)
             return
         ref.fill_rows(self.rt.store.rows, c.pool, self.victims[:n], self.fetch[:n], base)
         split, rows = int(self.split), int(self.counts[3])
@@ -175,23 +175,21 @@ class DeviceControl:
             cpu_ids = ref.cpu_routes(ids, route, self.rt.cache.scratch, int(self.counts[3]))
             self.rt.cpu.run(x, v["gate_up"], v["down"], cpu_ids, weights.float(), out)
             return out
-        from kernels.cuda_memops import write_value
-        from kernels.stage_triton import stage_cpu_inputs
+        from kernels.stage_triton import signal, stage_cpu_inputs
         c = self.rt.cache
         stage_cpu_inputs(x, ids, route, weights, self.counts, c.scratch, c.rows, self.x_h, self.ids_h, self.w_h,
                          self.nfill)
-        write_value(self.go, (layer + 1) | (x.shape[0] << 20))
+        signal(self.flags[0:1], (layer + 1) | (x.shape[0] << 20))
         return None
 
     def _cpu_finish(self, layer: int, out, out_h, dtype):
         """out (the GPU's routes, fp32) + the CPU's partial sum -> dtype."""
         if not self.cuda:
             return (out + out_h).to(dtype)
-        from kernels.cuda_memops import wait_value, write_value
+        from kernels.cuda_memops import wait_value
         from kernels.stage_triton import merge_cpu_output
         wait_value(self.done, (layer + 1) | (out.shape[0] << 20))
-        write_value(self.done, 0)
-        return merge_cpu_output(out, self.out_h, dtype)
+        return merge_cpu_output(out, self.out_h, dtype, self.flags[1:2])
 
     def close(self) -> None:
         if self.poller is not None:

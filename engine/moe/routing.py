@@ -22,16 +22,19 @@ class Replay:
         if trace.ndim != 3 or trace.shape[1] < n_layers or trace.shape[2] != top_k or trace.max() >= n_experts:
             raise UserError(f"trace {path} has shape {trace.shape} and max id {trace.max()}; this model needs "
                             f"[tokens, >= {n_layers}, {top_k}] with ids < {n_experts}")
-        self.trace = torch.from_numpy(trace[:, :n_layers].astype(np.int64))
-        self.cursor = torch.zeros(n_layers, dtype=torch.int64)
+        self.trace = torch.from_numpy(trace[:, :n_layers].transpose(1, 0, 2).astype(np.int64))  # [L, tokens, K]
+        self.cursor = torch.zeros(1, dtype=torch.int64)
+        self.rows = None
 
     def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
-        """Device ops only (the cursor is a tensor), so replay works inside a CUDA graph."""
+        """Device ops only (the cursor is a tensor), so replay works inside a CUDA graph; the
+        tokens' trace rows are found at the first MoE layer and indexed in every layer."""
         if self.trace.device != ids.device:
             self.trace, self.cursor = self.trace.to(ids.device), self.cursor.to(ids.device)
-        rows = (self.cursor[layer] + torch.arange(ids.shape[0], device=ids.device)) % self.trace.shape[0]
-        self.cursor[layer] += ids.shape[0]
-        return self.trace[rows, layer]
+        if layer == 0:
+            self.rows = (self.cursor + torch.arange(ids.shape[0], device=ids.device)) % self.trace.shape[1]
+            self.cursor += ids.shape[0]
+        return self.trace[layer][self.rows]
 
 
 class Uniform:

@@ -213,5 +213,6 @@ class ExpertRuntime:
         st.hits += hits
         st.misses += misses
         st.cpu += n_cpu
+        st.split_rows += split_rows
         st.bytes_cpu += n_cpu * self.store.layout.slot_bytes - self._part_bytes(split_rows)
         st.bytes_filled += self._part_bytes(split_rows)
