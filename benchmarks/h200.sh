@@ -31,13 +31,15 @@ decode-a)  # issues 2 and 4: graph decode, every policy and budget, model routin
   python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
   ft bench decode $shape --expert-budget 4GiB,8GiB,16GiB,auto --moe-policy adaptive,fetch,cpu,static:auto \
     --routing model,trace:/tmp/trace.npy --out "$out/decode_a.json" > "$out/decode_a.txt" 2>&1; cat "$out/decode_a.txt" ;;
-decode-b)  # issue 4: a locality trace, and a competing host-memory load
+decode-b)  # issue 4: a locality trace at three budgets, a competing host-memory load, model routing
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
-  ft bench decode $shape --expert-budget 4GiB,8GiB,16GiB --moe-policy adaptive,fetch,cpu --routing trace:/tmp/trace.npy \
-    --out "$out/decode_b.json" > "$out/decode_b.txt" 2>&1; cat "$out/decode_b.txt"
-  ft bench decode $shape --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed --routing trace:/tmp/trace.npy \
-    --contention 6 --out "$out/decode_c.json" > "$out/decode_c.txt" 2>&1; cat "$out/decode_c.txt" ;;
+  timeout 330 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB --moe-policy adaptive,fetch,cpu \
+    --routing trace:/tmp/trace.npy --out "$out/decode_b.json" > "$out/decode_b.txt" 2>&1; tail -16 "$out/decode_b.txt"
+  timeout 150 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed \
+    --routing trace:/tmp/trace.npy --contention 6 --out "$out/decode_c.json" > "$out/decode_c.txt" 2>&1; tail -10 "$out/decode_c.txt"
+  timeout 90 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu \
+    --routing model --out "$out/decode_m.json" > "$out/decode_m.txt" 2>&1; tail -9 "$out/decode_m.txt" ;;
 prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 200-token follow-up
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 8GiB --lengths 1024,16384 \

@@ -151,9 +151,8 @@ class CPUExecutor:
         E, dt = w_gate_up.shape[0], w_gate_up.dtype
         if self.backend == "torch":
             try:  # same contract as the pool: a failure surfaces from wait()
-                e = torch.where(ids >= 0, ids & ((1 << ref.ROW_SHIFT) - 1), ids)
-                if ids.numel() and (e.min() < -1 or e.max() >= E or (ids >> ref.ROW_SHIFT).max() >= w_down.shape[2]):
-                    raise IndexError(f"expert ids must be in [-1, {E}) and first rows below {w_down.shape[2]}")
+                if ids.numel() and (ids.min() < -1 or ids.max() >= E):
+                    raise IndexError(f"expert ids must be in [-1, {E})")
                 t0 = time.perf_counter()
                 out.copy_(ref.moe_experts(x.to(dt), w_gate_up, w_down, ids, weights))
             except Exception as e:
@@ -181,8 +180,7 @@ class CPUExecutor:
     def poller(self, flags: torch.Tensor, nfill: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor, out: torch.Tensor, gate_up: list, down: list) -> "Poller":
         """Serve a CUDA graph's CPU branch: see cpu_moe.cpp's Poller. flags: int32 [go, done,
-        fill]; nfill: int64 [1], the intermediate rows the step fills (I per expert); x [Tmax, H]
-        (act_dtype), ids [Tmax, K] int64, weights [Tmax, K]
+        fill]; nfill: int64 [1]; x [Tmax, H] (act_dtype), ids [Tmax, K] int64, weights [Tmax, K]
         fp32, out [Tmax, H] fp32, all in pinned memory; gate_up / down are the per-layer bank
         views [E, 2I, H] / [E, H, I]."""
         if self._pool is None:
@@ -198,7 +196,7 @@ class CPUExecutor:
             out.data_ptr(), arr(*[w.data_ptr() for w in gate_up]), arr(*[w.data_ptr() for w in down]),
             len(gate_up), x.shape[1], down[0].shape[2], gate_up[0].shape[0], ids.shape[1],
             gate_up[0].stride(0) * esz, down[0].stride(0) * esz, _DTYPES[dt], mode)
-        return Poller(self._lib, handle, down[0].shape[2], (flags, nfill, x, ids, weights, out, gate_up, down))
+        return Poller(self._lib, handle, (flags, nfill, x, ids, weights, out, gate_up, down))
 
     def run(self, x, w_gate_up, w_down, ids, weights, out) -> None:
         self.submit(x, w_gate_up, w_down, ids, weights, out).wait()
@@ -213,18 +211,17 @@ class CPUExecutor:
 
 
 class Poller:
-    """A running CPU-branch poller; `stats()` returns (jobs, experts computed, seconds, experts
-    filled, fill seconds) since the last call, in experts' worth of intermediate rows (a split
-    expert counts on each side for its share), and raises if a job failed."""
+    """A running CPU-branch poller; `stats()` returns (jobs, experts, seconds, experts filled,
+    fill seconds) since the last call and raises if a job failed."""
 
-    def __init__(self, lib, handle, rows: int, keep: tuple):
-        self._lib, self._h, self._rows, self._keep = lib, handle, rows, keep
+    def __init__(self, lib, handle, keep: tuple):
+        self._lib, self._h, self._keep = lib, handle, keep
 
-    def stats(self) -> tuple[int, float, float, float, float]:
+    def stats(self) -> tuple[int, int, float, int, float]:
         buf = (ctypes.c_int64 * 5)()
         if self._lib.ftmoe_poller_stats(self._h, buf):
             raise RuntimeError(f"CPU expert branch: {self._lib.ftmoe_poller_error(self._h).decode()}")
-        return buf[0], buf[1] / self._rows, buf[2] / 1e9, buf[3] / self._rows, buf[4] / 1e9
+        return buf[0], buf[1], buf[2] / 1e9, buf[3], buf[4] / 1e9
 
     def close(self) -> None:
         if self._h is not None:

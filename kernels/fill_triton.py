@@ -8,8 +8,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import ref
-
 
 @triton.jit
 def _fill_kernel(src_ptr, dst_ptr, vic_ptr, fetch_ptr, base, W, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
@@ -32,40 +30,6 @@ def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch
     s64, d64 = src.view(torch.int64), dst.view(torch.int64)
     grid = (victims.numel(), triton.cdiv(words, chunk_words))
     _fill_kernel[grid](s64, d64, victims, fetch, base, words, CHUNK=chunk_words, BLOCK=min(4096, chunk_words))
-
-
-@triton.jit
-def _fill_part_kernel(src_ptr, dst_ptr, split_ptr, counts_ptr, base, scratch, W, gu_w, d_w, H, I,
-                      V: tl.constexpr, BLOCK: tl.constexpr):
-    # units of GRAIN elements (V words): gate_up [2I, H] then down [H, I], each contiguous
-    e = tl.load(split_ptr)
-    if e >= 0:
-        r = tl.load(counts_ptr + 3)                      # rows on the GPU, a multiple of GRAIN
-        half, n_gu, per_row = I * H // 16, I * H // 8, I // 16
-        k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        kd = k - n_gu
-        gu = k < n_gu
-        live = k < n_gu + half
-        keep = tl.where(gu, (k % half) < (r // 16) * H, (kd % per_row) < r // 16) & live
-        off = tl.where(gu, gu_w + k * V, d_w + kd * V)[:, None] + tl.arange(0, V)[None, :]
-        v = tl.load(src_ptr + (e + base) * W + off, mask=keep[:, None], other=0)   # the rest is zero
-        tl.store(dst_ptr + scratch * W + off, v, mask=live[:, None])
-
-
-def fill_part(src: torch.Tensor, dst: torch.Tensor, layout, scratch: int, split: torch.Tensor,
-              counts: torch.Tensor, base: int, block: int = 1024) -> None:
-    """kernels.ref.fill_part with the split read from device data (no host sync): src [N, B]
-    uint8 (the host store's rows, pinned, over UVA), dst [S + 1, B] uint8 (the device pool);
-    split [1] = the split expert within the layer (-1: none), counts[3] = its rows on the GPU (a
-    multiple of ref.GRAIN); expert row base + split goes to slot `scratch`. Copies whole units of
-    GRAIN elements as words: wide requests over PCIe."""
-    (_, dt, (i2, H), gu), (_, _, _, d) = layout.entries
-    I, size = i2 // 2, getattr(torch, dt).itemsize
-    assert ref.GRAIN == 16 and I % 16 == 0 and gu % 8 == 0 and d % 8 == 0
-    n_units = 3 * I * H // 16
-    _fill_part_kernel[(triton.cdiv(n_units, block),)](src.view(torch.int64), dst.view(torch.int64), split, counts,
-                                                      base, scratch, src.shape[1] // 8, gu // 8, d // 8, H, I,
-                                                      V=16 * size // 8, BLOCK=block, num_warps=8)
 
 
 def bench_fill(n: int = 8, slot_bytes: int = 9 << 20, rows: int = 64) -> dict:

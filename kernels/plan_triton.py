@@ -12,8 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import ref
-
 _IDX = 20                                   # slot index bits of a key (S < 2^20)
 IDX, IDX_MASK = tl.constexpr(_IDX), tl.constexpr((1 << _IDX) - 1)
 LU_MAX = tl.constexpr(1 << 40)              # last_use is clamped here (clocks stay far below)
@@ -24,7 +22,7 @@ DEAD = tl.constexpr((1 << 62) + 1)          # key already taken or out of range
 
 @triton.jit
 def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, route_ptr,
-                 vic_ptr, fetch_ptr, counts_ptr, split_ptr, N, S, n_out, base, rows, grain,
+                 vic_ptr, fetch_ptr, counts_ptr, N, S, n_out, base,
                  BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr):
     c = tl.load(clock_ptr) + 1                                   # this step's clock
     ln = tl.arange(0, BLOCK_N)                                   # [BLOCK_N] route lanes
@@ -44,16 +42,16 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     before = (sn[None, :] > sn[:, None]) | ((sn[None, :] == sn[:, None]) & (
         (cnt[None, :] > cnt[:, None]) | tie_id))
     rank = tl.sum((before & missf[None, :]).to(tl.int32), axis=1)       # [BLOCK_N]
-    # (F, r) = split_fetch(M, q, rows) with the Python reference's float64 operations, in order;
-    # capped by the unprotected slots (then no split)
+    # F = split_fetch(M, q) in float64 like the Python reference, capped by unprotected slots
     qv = tl.load(q_ptr).to(tl.float64)
-    fl = qv * n_miss.to(tl.float64)
-    f = fl.to(tl.int32)
-    r = ((fl - f.to(tl.float64)) * rows / grain + 0.5).to(tl.int32) * grain
-    f = tl.where(r >= rows, f + 1, f)
-    r = tl.where((r >= rows) | (qv >= 1.0) | (qv <= 0.0), 0, r)
+    qs = tl.where((qv > 0.0) & (qv < 1.0), qv, 0.5)
+    m = n_miss.to(tl.float64)
+    f0 = (qs * m).to(tl.int32)
+    f1 = f0 + 1
+    cost0 = tl.maximum(f0.to(tl.float64) / qs, (m - f0.to(tl.float64)) / (1.0 - qs))
+    cost1 = tl.maximum(f1.to(tl.float64) / qs, (m - f1.to(tl.float64)) / (1.0 - qs))
+    f = tl.where((f1 <= n_miss) & (cost1 <= cost0), f1, f0)
     f = tl.where(qv >= 1.0, n_miss, tl.where(qv <= 0.0, 0, f))
-    r = tl.where(f > S - n_hit, 0, r)
     f = tl.minimum(f, S - n_hit)
     # victims: the f smallest keys (last_use, slot), protected slots keyed BIG + slot
     hs = tl.where(hitf, slot, -1)                                # [BLOCK_N] protected slots
@@ -89,35 +87,29 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     tl.store(last_use + vic, c, mask=got & first)
     tl.store(last_use + slot, c, mask=hitf)
     tl.store(seen + fid, c, mask=first)
-    spl = valid & ~hit & (rank == f) & (r > 0)                   # routes of the split expert
-    tl.store(route_ptr + ln, tl.where(hit, slot, tl.where(spl, S, vic)), mask=valid)
-    tl.store(split_ptr, tl.max(tl.where(spl, fid - base, -1), axis=0))
+    tl.store(route_ptr + ln, tl.where(hit, slot, vic), mask=valid)
     tl.store(counts_ptr, n_hit)
     tl.store(counts_ptr + 1, n_miss)
     tl.store(counts_ptr + 2, f)
-    tl.store(counts_ptr + 3, r)
     tl.store(clock_ptr, c)
 
 
 def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
          owner_of: torch.Tensor, last_use: torch.Tensor, seen: torch.Tensor, clock: torch.Tensor,
          q: torch.Tensor, out_route: torch.Tensor, out_victims: torch.Tensor,
-         out_fetch: torch.Tensor, out_counts: torch.Tensor, out_split: torch.Tensor, rows: int = 1,
-         block_s: int | None = None) -> None:
-    """ref.plan(..., rows) on device tensors, no host sync. clock [1] int64 is incremented first
-    and the new value used (as ExpertRuntime does); q [1] float64. Writes out_route [T, K]
-    (-1 = CPU, S = the split expert), out_victims / out_fetch [>= min(T*K, S)] (F entries, then
-    -1), out_counts [4] = (hits, misses, F, r), out_split [1] = the split expert within the layer
-    or -1. Tables are updated in place exactly as ref.plan does."""
+         out_fetch: torch.Tensor, out_counts: torch.Tensor, block_s: int | None = None) -> None:
+    """ref.plan on device tensors, no host sync. clock [1] int64 is incremented first and the
+    new value used (as ExpertRuntime does); q [1] fp32. Writes out_route [T, K] (-1 = CPU),
+    out_victims / out_fetch [>= min(T*K, S)] (F entries, then -1), out_counts [3] =
+    (hits, misses, F). Tables are updated in place exactly as ref.plan does."""
     N, S = ids.numel(), owner_of.numel()
     n_out = out_victims.numel()
     assert N <= 256 and S < 2 ** _IDX and out_fetch.numel() == n_out >= min(N, S)
-    assert out_route.is_contiguous() and out_route.numel() == N and out_counts.numel() >= 4
+    assert out_route.is_contiguous() and out_route.numel() == N and out_counts.numel() >= 3
     block_n = max(16, triton.next_power_of_2(N))
     block_s = block_s or min(triton.next_power_of_2(S), max(64, 16384 // block_n))
     _plan_kernel[(1,)](ids.contiguous(), slot_of, owner_of, last_use, seen, clock, q, out_route,
-                       out_victims, out_fetch, out_counts, out_split, N, S, n_out, layer * n_experts,
-                       rows, ref.grain(rows),
+                       out_victims, out_fetch, out_counts, N, S, n_out, layer * n_experts,
                        BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_O=triton.next_power_of_2(n_out),
                        num_warps=4 if block_n <= 64 else 8)
 
@@ -134,14 +126,13 @@ def bench_plan(T: int = 1, K: int = 8, S: int = 800, E: int = 128, L: int = 48,
     ids = [torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(T)]) for _ in range(steps)]
     route = torch.empty(T, K, dtype=torch.int64, device=dev)
     vic, fetch = (torch.empty(T * K, dtype=torch.int64, device=dev) for _ in range(2))
-    counts = torch.empty(4, dtype=torch.int64, device=dev)
-    split = torch.empty(1, dtype=torch.int64, device=dev)
+    counts = torch.empty(3, dtype=torch.int64, device=dev)
     step = [0]
 
     def one():
         step[0] += 1
         plan(ids[step[0] % steps], step[0] % L, E, slot_of, owner_of, last_use, seen, clock,
-             qt, route, vic, fetch, counts, split, rows=768)
+             qt, route, vic, fetch, counts)
     ms = do_bench(one)
     nbytes = 8 * (3 * S + 3 * T * K)                             # tables read, roughly
     return {"us": ms * 1e3, "GB/s": nbytes / ms / 1e6, "bytes": nbytes}

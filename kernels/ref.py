@@ -14,9 +14,6 @@ def act_and_mul(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     raise ValueError(f"unknown expert activation {act!r}")
 
 
-ROW_SHIFT = 32  # a CPU route may carry, above this bit, the first intermediate row it computes
-
-
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 slots: torch.Tensor, weights: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """Weighted sum of routed expert FFNs.
@@ -24,8 +21,6 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     x [T, H]; w_gate_up [S, 2I, H]; w_down [S, H, I] (S = slots of a GPU pool or experts of a
     host bank); slots [T, K] integer, -1 = this route is computed elsewhere; weights [T, K].
     Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]).
-    A route s + (j << ROW_SHIFT) computes only intermediate rows j..I of s: the FFN is a sum
-    over its intermediate rows, so an expert split between two sides adds up exactly.
     """
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
     flat = slots.reshape(-1)
@@ -38,11 +33,8 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         start += n
         if s < 0:  # routes computed elsewhere
             continue
-        s, j = s & ((1 << ROW_SHIFT) - 1), s >> ROW_SHIFT
-        I = w_down.shape[2]
-        gate_up = w_gate_up[s] if j == 0 else torch.cat([w_gate_up[s][j:I], w_gate_up[s][I + j:]])
-        h = act_and_mul(x[t] @ gate_up.t().to(x.dtype), act)
-        y = (h @ w_down[s][:, j:].t().to(x.dtype)) * w[idx, None]
+        h = act_and_mul(x[t] @ w_gate_up[s].t().to(x.dtype), act)
+        y = (h @ w_down[s].t().to(x.dtype)) * w[idx, None]
         out.index_add_(0, t, y.float())
     return out
 
@@ -82,51 +74,31 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     return torch.cat(out, dim=0)
 
 
-GRAIN = 16  # intermediate rows: the unit in which an expert is split between the two sides
-
-
-def grain(rows: int) -> int:
-    """The split unit of an expert with `rows` intermediate rows (rows: no split inside it)."""
-    return GRAIN if rows % GRAIN == 0 else rows
-
-
-def split_fetch(m: int, q: float, rows: int = 1) -> tuple[int, int]:
-    """The miss split of a layer step with m misses, q = B_P / (B_P + B_H): fetch F whole experts
-    over PCIe and the first r of the `rows` intermediate rows of the next one; the CPU computes
-    the rest of that one and the other misses. F + r / rows is q * m rounded to grain(rows)
-    rows, so both sides finish together (rows = 1: F = q * m rounded, no split)."""
+def split_fetch(m: int, q: float) -> int:
+    """How many of m misses to fetch over PCIe (the rest run on the CPU): the integer F in
+    {floor(qm), floor(qm)+1} that minimises the slower branch max(F/q, (m-F)/(1-q)), where
+    q = B_P / (B_P + B_H). Ties go to fetching, since a fill can be reused."""
     if q >= 1.0:
-        return m, 0
+        return m
     if q <= 0.0:
-        return 0, 0
-    fl = q * m
-    f = int(fl)
-    g = grain(rows)
-    r = int((fl - f) * rows / g + 0.5) * g
-    return (f + 1, 0) if r >= rows else (f, r)
-
-
-def cpu_routes(ids: torch.Tensor, route: torch.Tensor, scratch: int, r: int) -> torch.Tensor:
-    """The CPU side's routes of a planned step: the misses left to the CPU (route -1), and the
-    split expert's (route = the scratch slot) from intermediate row r on; -1 elsewhere."""
-    return torch.where(route < 0, ids, torch.where(route == scratch, ids + (r << ROW_SHIFT), -1))
+        return 0
+    f = int(q * m)
+    cands = [c for c in (f + 1, f) if c <= m]
+    return min(cands, key=lambda c: max(c / q, (m - c) / (1 - q)))
 
 
 def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
          owner_of: torch.Tensor, last_use: torch.Tensor, seen: torch.Tensor, clock: int,
-         q: float, cold: bool = False, rows: int = 1):
+         q: float, cold: bool = False):
     """One MoE layer step of expert-cache control; updates the tables in place.
 
     ids [T, K] expert ids of this layer; slot_of [L*E] (slot or -1), owner_of [S] (flat id or
     -1), last_use [S] and seen [L*E] (clock of last demand). Deduplicates the routed experts,
-    classifies hits and misses, ranks the M misses (most recently demanded first, then most
-    routed tokens), and with (F, r) = split_fetch(M, q, rows) fetches the first F into the least
-    recently used slots that no hit of this step owns; with r > 0 the next one is split: its
-    first r intermediate rows are filled into the scratch slot S (never cached) and computed on
-    the GPU, the rest on the CPU. Returns (route slots [T, K] with -1 = CPU and S = split, fill
-    slots [F], fill expert ids [F] within the layer, hits, misses, (split expert within the
-    layer or -1, r)). With cold, the fills enter as least recently used (a long prefill scans
-    through a few cold slots instead of evicting the decode working set).
+    classifies hits and misses, fetches F = split_fetch(M, q) of the M misses (most recently
+    demanded first, then most routed tokens) into the least recently used slots that no hit of
+    this step owns, and returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert
+    ids [F] within the layer, hits, misses). With cold, the fills enter as least recently used
+    (a long prefill scans through a few cold slots instead of evicting the decode working set).
     """
     flat = ids.reshape(-1) + layer * n_experts
     uniq, counts = torch.unique(flat, return_counts=True)
@@ -138,10 +110,7 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     miss = miss[order]
     protect = torch.zeros_like(last_use, dtype=torch.bool)
     protect[slots[hit]] = True
-    f, r = split_fetch(miss.numel(), q, rows)
-    if f > int((~protect).sum()):  # capped by the unprotected slots: no split
-        f, r = int((~protect).sum()), 0
-    split = int(miss[f]) if r else -1
+    f = min(split_fetch(miss.numel(), q), int((~protect).sum()))
     victims = torch.argsort(last_use.masked_fill(protect, torch.iinfo(last_use.dtype).max), stable=True)[:f]
     fetch = miss[:f]
     old = owner_of[victims]
@@ -151,9 +120,7 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     last_use[victims] = -1 if cold else clock
     last_use[slots[hit]] = clock
     seen[uniq] = clock
-    route = torch.where(flat == split, owner_of.numel(), slot_of[flat]).view_as(ids)
-    return (route, victims, fetch - layer * n_experts, int(hit.sum()), miss.numel(),
-            (split - layer * n_experts if r else -1, r))
+    return slot_of[flat].view_as(ids), victims, fetch - layer * n_experts, int(hit.sum()), miss.numel()
 
 
 def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch: torch.Tensor,
@@ -162,16 +129,3 @@ def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch
     for v, f in zip(victims.tolist(), fetch.tolist()):
         if v >= 0:
             dst[v].copy_(src[base + f], non_blocking=True)
-
-
-def fill_part(gate_up: torch.Tensor, down: torch.Tensor, dst_gate_up: torch.Tensor,
-              dst_down: torch.Tensor, row: int, r: int) -> None:
-    """The GPU's part of a split expert: the first r intermediate rows of expert `row` of the
-    banks gate_up [N, 2I, H], down [N, H, I] into dst_gate_up [2I, H], dst_down [H, I], the
-    other rows zero (so the full-size expert kernels compute exactly the first r rows)."""
-    I = down.shape[2]
-    for a, b in ((0, r), (I, I + r)):
-        dst_gate_up[a:b].copy_(gate_up[row, a:b], non_blocking=True)
-        dst_gate_up[b:a + I].zero_()
-    dst_down[:, :r].copy_(down[row, :, :r], non_blocking=True)
-    dst_down[:, r:].zero_()

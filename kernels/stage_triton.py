@@ -1,30 +1,26 @@
 """The CPU branch's transfers in a CUDA graph as kernels over UVA (the pinned host buffers are
 mapped): staging the CPU routes' inputs into host memory, and merging the CPU's partial sum back.
 One launch each, instead of a where and three copies, and a copy, an add and a cast. Semantics
-(tested against plain torch): ids_h = ref.cpu_routes(ids, route, scratch, r), x_h = x,
-w_h = float(w), n_h = F * rows + r (the intermediate rows the step fills); y = (out + out_h).to(y.dtype)."""
+(tested against plain torch): ids_h = where(route < 0, ids, -1), x_h = x, w_h = float(w),
+n_h = n; y = (out + out_h).to(y.dtype)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels import ref
-
 
 @triton.jit
-def _stage_kernel(x_ptr, ids_ptr, route_ptr, w_ptr, counts_ptr, xh_ptr, idsh_ptr, wh_ptr, nh_ptr, H, K,
-                  scratch, rows, SHIFT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def _stage_kernel(x_ptr, ids_ptr, route_ptr, w_ptr, n_ptr, xh_ptr, idsh_ptr, wh_ptr, nh_ptr, H, K,
+                  BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    r = tl.load(counts_ptr + 3)                          # rows of the split expert on the GPU
     if t == 0:
-        tl.store(nh_ptr, tl.load(counts_ptr + 2) * rows + r)
+        tl.store(nh_ptr, tl.load(n_ptr))
     k = tl.arange(0, BLOCK_K)
     mk = k < K
     ids = tl.load(ids_ptr + t * K + k, mask=mk, other=-1)
     route = tl.load(route_ptr + t * K + k, mask=mk, other=0)
-    cpu = tl.where(route < 0, ids, tl.where(route == scratch, ids + (r << SHIFT), -1))
-    tl.store(idsh_ptr + t * K + k, cpu, mask=mk)
+    tl.store(idsh_ptr + t * K + k, tl.where(route < 0, ids, -1), mask=mk)
     tl.store(wh_ptr + t * K + k, tl.load(w_ptr + t * K + k, mask=mk, other=0.0).to(tl.float32), mask=mk)
     for h0 in range(0, H, BLOCK_H):
         o = h0 + tl.arange(0, BLOCK_H)
@@ -45,16 +41,15 @@ def _merge_kernel(out_ptr, outh_ptr, y_ptr, done_ptr, N, BLOCK: tl.constexpr):
 
 
 def stage_cpu_inputs(x: torch.Tensor, ids: torch.Tensor, route: torch.Tensor, w: torch.Tensor,
-                     counts: torch.Tensor, scratch: int, rows: int, x_h: torch.Tensor, ids_h: torch.Tensor,
-                     w_h: torch.Tensor, n_h: torch.Tensor) -> None:
-    """x [T, H], ids / route / w [T, K], counts [4] = the plan's (hits, misses, F, r) on the
-    device -> rows 0..T of the host buffers x_h [Tmax, H] (its dtype), ids_h [Tmax, K] int64,
-    w_h [Tmax, K] fp32, and n_h [1] int64 (see the module docstring)."""
+                     n: torch.Tensor, x_h: torch.Tensor, ids_h: torch.Tensor, w_h: torch.Tensor,
+                     n_h: torch.Tensor) -> None:
+    """x [T, H], ids / route / w [T, K], n [1] (experts this step fills) on the device -> rows
+    0..T of the host buffers x_h [Tmax, H] (its dtype), ids_h [Tmax, K] int64, w_h [Tmax, K]
+    fp32, and n_h [1] int64."""
     T, H = x.shape
     K = ids.shape[1]
-    _stage_kernel[(T,)](x.contiguous(), ids.contiguous(), route.contiguous(), w.contiguous(), counts, x_h, ids_h,
-                        w_h, n_h, H, K, scratch, rows, SHIFT=ref.ROW_SHIFT, BLOCK_K=triton.next_power_of_2(K),
-                        BLOCK_H=min(1024, triton.next_power_of_2(H)))
+    _stage_kernel[(T,)](x.contiguous(), ids.contiguous(), route.contiguous(), w.contiguous(), n, x_h, ids_h,
+                        w_h, n_h, H, K, BLOCK_K=triton.next_power_of_2(K), BLOCK_H=min(1024, triton.next_power_of_2(H)))
 
 
 def merge_cpu_output(out: torch.Tensor, out_h: torch.Tensor, dtype: torch.dtype, done: torch.Tensor) -> torch.Tensor:

@@ -93,30 +93,6 @@ def check_parity(ex, dtype, tol, T, K):
     assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < tol
 
 
-@pytest.mark.parametrize("backend", ["native", "avx2_fma", "scalar", "torch"])
-def test_split_expert_rows_add_up(ex, pools, ex_torch, backend):
-    """A route carrying a first intermediate row j (ids + j << ROW_SHIFT) computes rows j..I of
-    its expert; with rows 0..j computed elsewhere from a zero-padded copy (as the GPU does from
-    the scratch slot), the two parts add up to the whole expert."""
-    e = {"native": ex, "torch": ex_torch}.get(backend) or pools.get(backend)
-    if e is None:
-        pytest.skip(f"{backend} path not usable on this machine")
-    H, I, T, K = 72, 48, 3, 2
-    gu, down = make_bank(H, I, torch.float32)
-    x, ids, w = make_routes(T, K, torch.int64, torch.float32, H)
-    ids[:, 0] = 5                                       # expert 5 split: every token routes to it
-    for j in (16, 32):
-        cpu = torch.where(ids == 5, ids + (j << ref.ROW_SHIFT), ids)
-        out = torch.full((T, H), float("nan"))
-        e.run(x, gu, down, cpu, w, out)
-        pgu, pdown = torch.zeros(1, 2 * I, H), torch.zeros(1, H, I)
-        ref.fill_part(gu, down, pgu[0], pdown[0], 5, j)  # the GPU's part: rows 0..j
-        gpu = ref.moe_experts(x, pgu, pdown, torch.where(ids == 5, 0, -1), w)
-        assert rel_err(out + gpu, ref.moe_experts(x, gu, down, ids, w)) < 1e-5
-    with pytest.raises(Exception, match="row"):         # a first row past the expert is an error
-        e.run(x, gu, down, torch.where(ids == 5, ids + (I << ref.ROW_SHIFT), ids), w, out)
-
-
 def test_all_routes_elsewhere_gives_zero(ex):
     gu, down = make_bank(64, 32, torch.bfloat16)
     x, ids, w = make_routes(3, 2, torch.int64, torch.bfloat16, 64)
@@ -219,14 +195,12 @@ def test_poller_serves_the_graph_protocol_and_times_fills(ex):
 
     try:
         x, ids, w = make_routes(2, K, torch.int64, torch.float32, H)
-        ids[:, 0] = 9
-        split = torch.where(ids == 9, ids + (8 << ref.ROW_SHIFT), ids)  # expert 9 from row 8 of 32
-        got = step(1, x, split, w, n_fill=3 * I + 8, fill_after=0.02)
-        assert rel_err(got, ref.moe_experts(x, *banks[1], split, w)) < 1e-5
+        got = step(1, x, ids, w, n_fill=3, fill_after=0.02)
+        assert rel_err(got, ref.moe_experts(x, *banks[1], ids, w)) < 1e-5
         none = torch.full_like(ids, -1)
-        assert step(0, x, none, w, n_fill=2 * I - 8, fill_after=0.01).abs().sum() == 0  # no CPU route: zeros
+        assert step(0, x, none, w, n_fill=2, fill_after=0.01).abs().sum() == 0  # no CPU route: zeros
         jobs, experts, seconds, fills, fill_seconds = poller.stats()
-        assert jobs == 1 and experts == len(set(ids[ids >= 0].tolist())) - 0.25 and seconds > 0
+        assert jobs == 1 and experts == len(set(ids[ids >= 0].tolist())) and seconds > 0
         assert fills == 5 and 0.03 <= fill_seconds < 5
         step(7, x, ids, w, n_fill=0, fill_after=0.0)      # no layer 7: zeros and an error, no hang
         with pytest.raises(RuntimeError, match="bad layer"):

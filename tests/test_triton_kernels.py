@@ -155,7 +155,6 @@ def _tables(L, E, S):
 
 
 def _check_invariants(slot_of, owner_of, ids, layer, E, route):
-    route = route.masked_fill(route == owner_of.numel(), -1)      # the split expert: not cached
     res = (slot_of >= 0).nonzero().flatten()
     assert torch.equal(owner_of[slot_of[res]], res)                # resident -> its slot
     occ = (owner_of >= 0).nonzero().flatten()
@@ -166,27 +165,25 @@ def _check_invariants(slot_of, owner_of, ids, layer, E, route):
     assert torch.equal(slot_of[flat[~placed]], torch.full_like(flat[~placed], -1))  # else CPU
 
 
-def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0, rows=48):
+def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0):
     """steps plan calls on random routing: kernel and ref.plan agree on every table and output."""
     gen = torch.Generator().manual_seed(seed)
     host = _tables(L, E, S)
     dev = [t.clone().to(DEV) for t in host]                      # never aliases host
     clock, qt = torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([q], dtype=torch.float64, device=DEV)
     n_out = t_max * K
-    out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (n_out, n_out, 4, 1)]
-    splits = 0
+    out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (n_out, n_out, 3)]
     for step in range(1, steps + 1):
         T = int(torch.randint(1, t_max + 1, (1,), generator=gen))
         ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
         layer = int(torch.randint(0, L, (1,), generator=gen))
         route = torch.empty(T, K, dtype=torch.int64, device=DEV)
-        plan(ids.to(DEV), layer, E, *dev, clock, qt, route, *out, rows=rows, block_s=block_s)
-        r_route, vic, fetch, hits, misses, (split, r) = ref.plan(ids, layer, E, *host, step, q, rows=rows)
+        plan(ids.to(DEV), layer, E, *dev, clock, qt, route, *out, block_s=block_s)
+        r_route, vic, fetch, hits, misses = ref.plan(ids, layer, E, *host, step, q)
         f = vic.numel()
-        splits += r > 0
         pad = torch.full((n_out - f,), -1, dtype=torch.int64)
         assert clock.item() == step
-        assert out[2].tolist() == [hits, misses, f, r] and out[3].item() == split, step
+        assert out[2].tolist() == [hits, misses, f], step
         assert torch.equal(route.cpu(), r_route), step
         assert torch.equal(out[0].cpu(), torch.cat([vic, pad])), step
         assert torch.equal(out[1].cpu(), torch.cat([fetch, pad])), step
@@ -194,7 +191,6 @@ def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0, rows=48):
             assert torch.equal(a.cpu(), b), step
         _check_invariants(host[0], host[1], ids, layer, E, r_route)
     assert host[1].ge(0).all() == (q > 0)                          # the pool filled up iff q > 0
-    assert (splits > 0) == (0 < q < 1)                             # experts were split
 
 
 @pytest.mark.parametrize("q", [0.0, 1.0, 0.37, 0.5, 1 / 3])  # 1/3: F ties decided by float64 rounding
@@ -213,51 +209,20 @@ def test_plan_prefill_sized_step():
 
 
 def test_plan_split_fetch_and_capacity():
-    """(F, r) for every M of one step against ref.split_fetch, the cap by unprotected slots (no
-    split then), and the split expert's routes on the scratch slot S."""
-    E, S, rows = 16, 6, 768
-    for q in (0.25, 0.5, 0.6, 0.9, 1 / 3):
+    """F for every M of one step against ref.split_fetch, and the cap by unprotected slots."""
+    E, S = 16, 6
+    for q in (0.25, 0.5, 0.6, 0.9):
         for M in (1, 3, 5, 8):
             slot_of, owner_of, last_use, seen = (t.to(DEV) for t in _tables(1, E, S))
             slot_of[:2], owner_of[:2] = torch.arange(2), torch.arange(2)    # experts 0, 1 hit
             ids = torch.arange(M + 2).view(1, -1)
-            out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (M + 2, M + 2, M + 2, 4, 1)]
+            out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (M + 2, M + 2, M + 2, 3)]
             plan(ids.to(DEV), 0, E, slot_of, owner_of, last_use, seen,
-                 torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([q], dtype=torch.float64, device=DEV),
-                 out[0].view(1, -1), *out[1:], rows=rows)
-            f, r = ref.split_fetch(M, q, rows)
-            if f > S - 2:
-                f, r = S - 2, 0
-            assert out[3].tolist() == [2, M, f, r], (q, M)
+                 torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([q], device=DEV),
+                 out[0].view(1, -1), *out[1:])
+            f = min(ref.split_fetch(M, float(torch.tensor(q))), S - 2)
+            assert out[3].tolist() == [2, M, f], (q, M)
             assert set(out[1][:f].tolist()) == set(range(2, 2 + f))   # LRU: empty slots first
-            assert out[4].item() == (2 + f if r else -1)              # ranked by id among equals
-            assert out[0].tolist().count(S) == (1 if r else 0)
-
-
-# ---------------------------------------------------------------- split expert's partial fill
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("split,r", [(3, 16), (0, 32), (5, 0), (-1, 16)])
-def test_fill_part_matches_ref(dtype, split, r):
-    """The first r intermediate rows of expert `split` into the scratch slot, the rest zero; a
-    step without a split (-1) leaves the scratch slot alone."""
-    from engine.moe.layout import SlotLayout
-    from kernels.fill_triton import fill_part
-    _need(dtype)
-    L, E, H, I, S = 2, 6, 40, 48, 4
-    layout = SlotLayout.for_experts(H, I, dtype)
-    rows = torch.zeros(L * E, layout.slot_bytes, dtype=torch.uint8)
-    for v in layout.views(rows).values():
-        v.copy_(torch.randn(v.shape, generator=torch.Generator().manual_seed(2)).to(dtype))
-    pool = torch.randint(0, 255, (S + 1, layout.slot_bytes), dtype=torch.uint8,
-                         generator=torch.Generator().manual_seed(3))
-    want = pool.clone()
-    if split >= 0:
-        src, dst = layout.views(rows), layout.views(want)
-        ref.fill_part(src["gate_up"], src["down"], dst["gate_up"][S], dst["down"][S], E + split, r)
-    pool = pool.to(DEV)
-    fill_part(rows.to(DEV) if CUDA else rows, pool, layout, S, torch.tensor([split], device=DEV),
-              torch.tensor([0, 0, 0, r], device=DEV), base=E, block=64)
-    assert torch.equal(pool.cpu(), want)
 
 
 # ---------------------------------------------------------------- router
@@ -290,18 +255,16 @@ def test_stage_and_merge_match_torch(dtype):
     x = torch.randn(T, H, generator=gen).to(dtype)
     ids = torch.randint(0, 64, (T, K), generator=gen)
     route = torch.where(torch.rand(T, K, generator=gen) < 0.5, -1, 7)
-    route[:, 0], S, rows, r = 9, 9, 48, 16                        # slot 9 = the scratch: a split expert
     w = torch.rand(T, K, generator=gen).to(dtype)
     host = dict(pin_memory=True) if CUDA else {}
     x_h, ids_h = torch.zeros(Tmax, H, dtype=dtype, **host), torch.full((Tmax, K), -5, dtype=torch.int64, **host)
     w_h, n_h = torch.zeros(Tmax, K, **host), torch.zeros(1, dtype=torch.int64, **host)
-    counts = torch.tensor([1, 8, 5, r], device=DEV)
-    stage_cpu_inputs(x.to(DEV), ids.to(DEV), route.to(DEV), w.to(DEV), counts, S, rows, x_h, ids_h, w_h, n_h)
+    n = torch.tensor([5], device=DEV)
+    stage_cpu_inputs(x.to(DEV), ids.to(DEV), route.to(DEV), w.to(DEV), n, x_h, ids_h, w_h, n_h)
     if CUDA:
         torch.cuda.synchronize()
-    assert torch.equal(x_h[:T], x) and torch.equal(ids_h[:T], ref.cpu_routes(ids, route, S, r))
-    assert (ids_h[:T, 0] >> ref.ROW_SHIFT == r).all() and (ids_h[:T, 1:] < 64).all()
-    assert torch.equal(w_h[:T], w.float()) and (ids_h[T:] == -5).all() and n_h.item() == 5 * rows + r
+    assert torch.equal(x_h[:T], x) and torch.equal(ids_h[:T], torch.where(route < 0, ids, -1))
+    assert torch.equal(w_h[:T], w.float()) and (ids_h[T:] == -5).all() and n_h.item() == 5
     out, out_h = torch.randn(T, H, generator=gen), torch.randn(Tmax, H, generator=gen)
     flags = torch.tensor([3, 7], dtype=torch.int32, **host)         # go, done
     y = merge_cpu_output(out.to(DEV), out_h.pin_memory() if CUDA else out_h, dtype, flags[1:2])

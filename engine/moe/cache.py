@@ -1,7 +1,6 @@
 """The device expert cache: ONE pool of slots shared by all MoE layers. A slot holds every
 tensor of one (layer, expert) pair; residency is tracked on flat ids `layer * E + expert` with
-the tables slot_of [L*E], owner_of [S], last_use [S] and one global LRU clock. One more row past
-the S slots holds the GPU's part of an expert split between the GPU and the CPU."""
+the tables slot_of [L*E], owner_of [S], last_use [S] and one global LRU clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ class CacheStats:
     cpu: int = 0             # misses computed on the CPU
     bytes_filled: int = 0
     bytes_cpu: int = 0       # expert bytes the CPU read for its routes
-    split_rows: int = 0      # intermediate rows of split experts (counted in cpu) filled and run on the GPU
     scan_steps: int = 0      # prefill layer steps run in scan mode (long chunks)
     stream_layers: int = 0   # of those, layers streamed whole into a prefill buffer
 
@@ -42,11 +40,9 @@ def slots_for_budget(budget: int, layout: SlotLayout, n_experts: int) -> int:
 class ExpertCache:
     def __init__(self, layout: SlotLayout, n_slots: int, n_layers: int, n_experts: int,
                  device: torch.device, device_tables: bool = False):
-        self.layout, self.n_slots, self.scratch = layout, n_slots, n_slots
-        # one row past the cache: the scratch slot of a split expert's GPU part (never cached)
-        self.pool = torch.empty(n_slots + 1, layout.slot_bytes, dtype=torch.uint8, device=device)
-        self.w = layout.views(self.pool)                  # {name: [S + 1, ...]}
-        self.rows = self.w["down"].shape[2]               # intermediate rows of an expert
+        self.layout = layout
+        self.pool = torch.empty(n_slots, layout.slot_bytes, dtype=torch.uint8, device=device)
+        self.w = layout.views(self.pool)                  # {name: [S, ...]}
         self.n_experts = n_experts
         if device_tables:  # graph mode: control on the device
             from engine.moe.device_control import DeviceTables
@@ -54,6 +50,10 @@ class ExpertCache:
         else:  # eager control: one sync per layer step
             self.tables = HostTables(n_slots, n_layers * n_experts)
         self.stats = CacheStats()
+
+    @property
+    def n_slots(self) -> int:
+        return self.pool.shape[0]
 
     @property
     def occupancy(self) -> float:

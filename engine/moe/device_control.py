@@ -36,14 +36,14 @@ class DeviceTables:
         self.slot_of[flat:flat + n] = torch.arange(slot, slot + n, device=dev)
         self.owner_of[slot:slot + n] = torch.arange(flat, flat + n, device=dev)
 
-    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False, rows: int = 1):
+    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
         """The eager (prefill) interface of HostTables.plan, on the device tables."""
         clock = int(self.clock) + 1
         self.clock.fill_(clock)
         ids_t = torch.tensor(ids, device=self.slot_of.device)
-        route, vic, fetch, hits, misses, split = ref.plan(ids_t, base // self.n_experts, self.n_experts,
-                                                          *self.tensors, clock, q, cold, rows)
-        return route.flatten().tolist(), vic.tolist(), fetch.tolist(), hits, misses, split
+        route, vic, fetch, hits, misses = ref.plan(ids_t, base // self.n_experts, self.n_experts,
+                                                   *self.tensors, clock, q, cold)
+        return route.flatten().tolist(), vic.tolist(), fetch.tolist(), hits, misses
 
     def reserve(self, n: int) -> list[int]:
         """Take the n least recently used slots out of the cache (prefill buffers)."""
@@ -76,9 +76,7 @@ class DeviceControl:
         n = max_tokens * top_k
         i64 = dict(dtype=torch.int64, device=dev)
         self.route, self.victims, self.fetch = (torch.empty(n, **i64) for _ in range(3))
-        # hits, misses, fetched, rows of the split expert on the GPU; the split expert (-1: none)
-        self.counts, self.stats, self.split = torch.zeros(4, **i64), torch.zeros(4, **i64), torch.zeros(1, **i64)
-        self.src = rt.store.layout.views(rt.store.rows)  # typed views of every host expert row
+        self.counts, self.stats = torch.zeros(3, **i64), torch.zeros(3, **i64)  # hits, misses, fetched
         self.q = torch.ones(n_layers, dtype=torch.float64, device=dev)  # float64: the host's split rule exactly
         self.q_host = [1.0] * n_layers
         self.poller = None
@@ -94,7 +92,7 @@ class DeviceControl:
                             "built here; install a C++ compiler, or use --no-graph or --moe-policy fetch")
         pin = dict(pin_memory=True)
         self.flags = torch.zeros(3, dtype=torch.int32, **pin)                     # go, done, fill
-        self.nfill = torch.zeros(1, dtype=torch.int64, **pin)                     # rows the step fills
+        self.nfill = torch.zeros(1, dtype=torch.int64, **pin)                     # experts the step fills
         self.x_h = torch.zeros(max_tokens, H, dtype=rt.cpu.act_dtype(rt.store.views[0]["down"].dtype), **pin)
         self.ids_h = torch.full((max_tokens, top_k), -1, dtype=torch.int64, **pin)
         self.w_h = torch.zeros(max_tokens, top_k, dtype=torch.float32, **pin)
@@ -110,28 +108,30 @@ class DeviceControl:
             self.q.copy_(torch.tensor(q, dtype=torch.float64))
             self.q_host = q
 
-    def take_counters(self) -> list[int]:
-        """(hits, misses, fetched, split rows) since the last call (one sync)."""
-        out = self.stats.tolist()
+    def collect(self, stats, slot_bytes: int) -> None:
+        """Fold the device counters into the host CacheStats (one sync)."""
+        hits, misses, fetched = self.stats.tolist()
         self.stats.zero_()
-        return out
+        stats.hits += hits
+        stats.misses += misses
+        stats.fetched += fetched
+        stats.cpu += misses - fetched
+        stats.bytes_filled += fetched * slot_bytes
+        stats.bytes_cpu += (misses - fetched) * slot_bytes
 
     def _plan(self, ids: torch.Tensor, layer: int, route: torch.Tensor, n: int) -> None:
-        c = self.rt.cache
-        t, E = c.tables, c.n_experts
+        t, E = self.rt.cache.tables, self.rt.cache.n_experts
         if self.cuda:
             from kernels.plan_triton import plan
             plan(ids, layer, E, *t.tensors, t.clock, self.q[layer:layer + 1], route, self.victims[:n],
-                 self.fetch[:n], self.counts, self.split, rows=c.rows)
+                 self.fetch[:n], self.counts)
             return
         t.clock += 1  # the reference, padded like the kernel's outputs
-        r, v, f, hits, misses, (split, rows) = ref.plan(ids, layer, E, *t.tensors, int(t.clock),
-                                                        self.q_host[layer], rows=c.rows)
+        r, v, f, hits, misses = ref.plan(ids, layer, E, *t.tensors, int(t.clock), self.q_host[layer])
         route.copy_(r)
         self.victims[:n].fill_(-1)[:len(v)].copy_(v)
         self.fetch[:n].fill_(-1)[:len(f)].copy_(f)
-        self.counts.copy_(torch.tensor([hits, misses, len(v), rows]))
-        self.split.fill_(split)
+        self.counts.copy_(torch.tensor([hits, misses, len(v)]))
 
     def forward(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """One MoE layer step of a decode batch, no host sync on CUDA."""
@@ -152,33 +152,22 @@ class DeviceControl:
         return self._cpu_finish(layer, out, out_h, x.dtype) if may_cpu else out.to(x.dtype)
 
     def _fill(self, layer: int, n: int) -> None:
-        """The fetched experts into their slots, and the split expert's part into the scratch slot."""
-        c = self.rt.cache
-        base = layer * c.n_experts
+        base = layer * self.rt.cache.n_experts
         if self.cuda:
-            from kernels.fill_triton import fill_part, fill_rows
-            fill_rows(self.rt.store.rows, c.pool, self.victims[:n], self.fetch[:n], base)
-            if self.rt.policy.may_cpu(layer):
-                fill_part(self.rt.store.rows, c.pool, c.layout, c.scratch, self.split, self.counts, base)
-            return
-        ref.fill_rows(self.rt.store.rows, c.pool, self.victims[:n], self.fetch[:n], base)
-        split, rows = int(self.split), int(self.counts[3])
-        if rows:
-            ref.fill_part(self.src["gate_up"], self.src["down"], c.w["gate_up"][c.scratch],
-                          c.w["down"][c.scratch], base + split, rows)
+            from kernels.fill_triton import fill_rows
+            fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base)
+        else:
+            ref.fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base)
 
     def _cpu_start(self, layer: int, x, ids, route, weights):
-        """Start the CPU routes of this layer step (route -1, and the split expert's other rows)."""
+        """Start the CPU routes (route -1) of this layer step."""
         if not self.cuda:  # tests: the executor directly, same inputs
             v = self.rt.store.views[layer]
             out = torch.empty(x.shape, dtype=torch.float32)
-            cpu_ids = ref.cpu_routes(ids, route, self.rt.cache.scratch, int(self.counts[3]))
-            self.rt.cpu.run(x, v["gate_up"], v["down"], cpu_ids, weights.float(), out)
+            self.rt.cpu.run(x, v["gate_up"], v["down"], torch.where(route < 0, ids, -1), weights.float(), out)
             return out
         from kernels.stage_triton import signal, stage_cpu_inputs
-        c = self.rt.cache
-        stage_cpu_inputs(x, ids, route, weights, self.counts, c.scratch, c.rows, self.x_h, self.ids_h, self.w_h,
-                         self.nfill)
+        stage_cpu_inputs(x, ids, route, weights, self.counts[2:3], self.x_h, self.ids_h, self.w_h, self.nfill)
         signal(self.flags[0:1], (layer + 1) | (x.shape[0] << 20))
         return None
 

@@ -70,10 +70,7 @@ class ExpertRuntime:
 
     def sync_stats(self) -> None:
         if self.device_ctl is not None:
-            hits, misses, fetched, rows = self.device_ctl.take_counters()
-            self._count(hits, misses, misses - fetched, rows)
-            self.cache.stats.fetched += fetched
-            self.cache.stats.bytes_filled += fetched * self.store.layout.slot_bytes
+            self.device_ctl.collect(self.cache.stats, self.store.layout.slot_bytes)
 
     def close(self) -> None:
         if self.device_ctl is not None:
@@ -124,17 +121,14 @@ class ExpertRuntime:
         """Plan against the cache, fill the fetched misses, run the CPU misses concurrently, merge.
         -> (out [T, H] float32, misses)."""
         c = self.cache
-        route, victims, fetch, hits, misses, (split, r) = c.tables.plan(
-            ids_h.tolist(), layer * c.n_experts, self.policy.q(layer, scan), cold=scan, rows=c.rows)
+        route, victims, fetch, hits, misses = c.tables.plan(ids_h.tolist(), layer * c.n_experts,
+                                                            self.policy.q(layer, scan), cold=scan)
         route = torch.tensor(route).view(ids_h.shape)
-        cpu_ids = ref.cpu_routes(ids_h, route, c.scratch, r)
+        cpu_ids = torch.where(route < 0, ids_h, -1)
         n_cpu = misses - len(victims)
-        self._count(hits, misses, n_cpu, r)
+        self._count(hits, misses, n_cpu)
         # the CPU branch starts before the fills are queued: x.cpu() would otherwise wait for them
         job = self._submit_cpu(layer, x, cpu_ids, weights, n_cpu) if n_cpu else None
-        if r:  # the split expert's first r rows go to the scratch slot
-            v = self.store.views[layer]
-            ref.fill_part(v["gate_up"], v["down"], c.w["gate_up"][c.scratch], c.w["down"][c.scratch], split, r)
         route_d = route.to(x.device)
         if scan and victims:  # a long chunk: its resident experts compute while the fills run
             timed = self.streamer.transfer if self.streamer.active else nullcontext
@@ -153,8 +147,8 @@ class ExpertRuntime:
             fut, out_h, t0 = job
             fut.wait()
             if self.estimator:
-                self.estimator.cpu(n_cpu * self.store.layout.slot_bytes - self._part_bytes(r),
-                                   getattr(fut, "seconds", None) or time.perf_counter() - t0)
+                self.estimator.cpu(n_cpu * self.store.layout.slot_bytes, getattr(fut, "seconds", None)
+                                   or time.perf_counter() - t0)
             out += out_h.to(x.device, non_blocking=True)
         return out, misses
 
@@ -203,16 +197,9 @@ class ExpertRuntime:
             self._pending_fill = None
         self.policy.q_star = self.estimator.q_star
 
-    def _part_bytes(self, rows: int) -> int:
-        """Bytes of `rows` intermediate rows of an expert (a split expert's GPU part)."""
-        return rows * self.store.layout.slot_bytes // self.cache.rows
-
-    def _count(self, hits: int, misses: int, n_cpu: int, split_rows: int = 0) -> None:
-        """n_cpu misses counted on the CPU side, of which split_rows rows of one ran on the GPU."""
+    def _count(self, hits: int, misses: int, n_cpu: int) -> None:
         st = self.cache.stats
         st.hits += hits
         st.misses += misses
         st.cpu += n_cpu
-        st.split_rows += split_rows
-        st.bytes_cpu += n_cpu * self.store.layout.slot_bytes - self._part_bytes(split_rows)
-        st.bytes_filled += self._part_bytes(split_rows)
+        st.bytes_cpu += n_cpu * self.store.layout.slot_bytes

@@ -51,21 +51,17 @@ class HostTables:
     def missing(self, ids: list[list[int]], base: int) -> int:
         return sum(self.slot_of[base + e] < 0 for e in {e for row in ids for e in row})
 
-    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False, rows: int = 1):
+    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
         """ids [T][K] expert ids of the layer whose flat ids start at `base` -> (route slots
-        [T*K] with -1 = CPU and S = the split expert, victim slots, fetched expert ids, hits,
-        misses, (split expert or -1, its rows on the GPU)). cold: the fills enter as least
-        recently used (see kernels.ref.plan)."""
+        [T*K] with -1 = CPU, victim slots, fetched expert ids, hits, misses). cold: the fills
+        enter as least recently used (see kernels.ref.plan)."""
         self.clock += 1
         flat = [base + e for row in ids for e in row]
         counts = Counter(flat)
         uniq = sorted(counts)
         hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
         misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
-        n, r = split_fetch(len(misses), q, rows)
-        if n > len(self.owner_of) - len(hit_slots):
-            n, r = len(self.owner_of) - len(hit_slots), 0
-        split = misses[n] if r else -1
+        n = min(split_fetch(len(misses), q), len(self.owner_of) - len(hit_slots))
         victims = []
         for s in self.lru:
             if len(victims) == n:
@@ -81,6 +77,4 @@ class HostTables:
             self.lru.move_to_end(s, last=False)
         for f in uniq:
             self.seen[f] = self.clock
-        route = [len(self.owner_of) if f == split else self.slot_of[f] for f in flat]
-        return (route, victims, [f - base for f in misses[:n]], len(hit_slots), len(misses),
-                (split - base if r else -1, r))
+        return [self.slot_of[f] for f in flat], victims, [f - base for f in misses[:n]], len(hit_slots), len(misses)

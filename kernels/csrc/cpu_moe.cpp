@@ -25,7 +25,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -123,8 +122,6 @@ struct Job {
   int64_t sgu = 0, sd = 0;      // bytes from one expert to the next in each bank (stride(0))
   size_t wsz = 0, asz = 0;      // bytes per weight / activation element
   std::vector<int64_t> eid;     // [G] expert of each group of routes
-  std::vector<int> lo;          // [G] first intermediate row it computes (a split expert: > 0)
-  int64_t rows = 0;             // intermediate rows computed per token, summed over the groups
   std::vector<int> gstart;      // [G + 1] route range of each group, routes sorted by expert
   std::vector<int> tok;         // [R] token of each route
   std::vector<float> rw;        // [R] routing weight of each route
@@ -150,11 +147,8 @@ struct Job {
 void unit1(Job& J, int u) {
   int g = u / J.nb1, j0 = (u % J.nb1) * R1, j1 = std::min(J.I, j0 + R1);
   const char* base = J.expert(J.wgu, J.sgu, J.eid[g]);
-  if (J.lo[g] >= J.I)
-    throw std::out_of_range("first intermediate row " + std::to_string(J.lo[g]) + " of a route is not below " +
-                            std::to_string(J.I));
   size_t row = size_t(J.H) * J.wsz;
-  for (int j = std::max(j0, J.lo[g]); j < j1; ++j)  // routes innermost: one weight row serves every token
+  for (int j = j0; j < j1; ++j)  // routes innermost: one weight row serves every token (L1 hit)
     for (int r = J.gstart[g]; r < J.gstart[g + 1]; ++r) {
       const char* xt = J.x + size_t(J.tok[r]) * J.H * J.asz;
       float a = J.dot(base + j * row, xt, J.H), b = J.dot(base + (J.I + j) * row, xt, J.H);
@@ -170,11 +164,10 @@ void unit2(Job& J, int u) {
   size_t row = size_t(J.I) * J.wsz;
   for (size_t g = 0; g < J.eid.size(); ++g) {
     const char* base = J.expert(J.wd, J.sd, J.eid[g]);
-    int lo = std::min(J.lo[g], J.I);  // unit1 reports a bad one
     for (int r = r0; r < r1; ++r)
       for (int k = J.gstart[g]; k < J.gstart[g + 1]; ++k)
-        J.out[size_t(J.tok[k]) * J.H + r] += J.rw[k] * J.dot(
-            base + r * row + lo * J.wsz, J.h.get() + (size_t(k) * J.I + lo) * J.asz, J.I - lo);
+        J.out[size_t(J.tok[k]) * J.H + r] +=
+            J.rw[k] * J.dot(base + r * row, J.h.get() + size_t(k) * J.I * J.asz, J.I);
   }
 }
 
@@ -294,22 +287,17 @@ void* ftmoe_submit(void* pool, const void* x, const void* wgu, const void* wd, c
     J->dot = mode == DP_BF16 ? dot_dpbf16 : mode == AVX2 ? avx2[dtype] : scalar[dtype];
     J->bf16act = mode == DP_BF16;
     J->wsz = dtype == F32 ? 4 : 2, J->asz = J->bf16act ? 2 : 4;
-    // (expert, first row, route index); sorting groups the routes by expert. A route is an
-    // expert id, plus its first intermediate row << 32 where the expert is split (ref.ROW_SHIFT)
-    std::vector<std::tuple<int64_t, int, int>> rs;
+    std::vector<std::pair<int64_t, int>> rs;  // (expert, route index); sorting groups by expert
     for (int i = 0; i < T * K; ++i) {
-      int64_t v = ids64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
-      if (v == -1) continue;
-      if (v < 0) rs.emplace_back(v, 0, i);  // other bad ids fail inside the workers
-      else rs.emplace_back(v & 0xFFFFFFFFLL, int(std::min<int64_t>(v >> 32, INT32_MAX)), i);
+      int64_t e = ids64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
+      if (e != -1) rs.emplace_back(e, i);  // other bad ids fail inside the workers
     }
     std::sort(rs.begin(), rs.end());
     for (size_t i = 0; i < rs.size(); ++i) {
-      auto [e, lo, r] = rs[i];
-      if (i == 0 || e != std::get<0>(rs[i - 1]) || lo != std::get<1>(rs[i - 1]))
-        J->eid.push_back(e), J->lo.push_back(lo), J->gstart.push_back(int(i)), J->rows += std::max(0, I - lo);
-      J->tok.push_back(r / K);
-      J->rw.push_back(rw[r]);
+      if (i == 0 || rs[i].first != rs[i - 1].first)
+        J->eid.push_back(rs[i].first), J->gstart.push_back(int(i));
+      J->tok.push_back(rs[i].second / K);
+      J->rw.push_back(rw[rs[i].second]);
     }
     J->gstart.push_back(int(rs.size()));
     J->h.reset(new char[rs.size() * size_t(I) * J->asz + 1]);
@@ -348,7 +336,7 @@ void ftmoe_free(void* job) { delete static_cast<Job*>(job); }  // only once ftmo
 struct Poller {
   void* pool = nullptr;
   volatile uint32_t *go = nullptr, *done = nullptr, *fill = nullptr;
-  const volatile int64_t* nfill = nullptr;  // intermediate rows the layer step fills (I per expert)
+  const volatile int64_t* nfill = nullptr;  // experts the layer step fills
   const void *x = nullptr, *ids = nullptr;
   const float* rw = nullptr;
   float* out = nullptr;
@@ -356,7 +344,7 @@ struct Poller {
   int H = 0, I = 0, E = 0, K = 0, dtype = 0, mode = 0;
   int64_t sgu = 0, sd = 0;
   std::atomic<bool> stop{false};
-  std::atomic<int64_t> jobs{0}, rows{0}, nanos{0}, fills{0}, fill_nanos{0};
+  std::atomic<int64_t> jobs{0}, experts{0}, nanos{0}, fills{0}, fill_nanos{0};
   bool fill_seen = false;
   std::chrono::steady_clock::time_point t_go, t_fill;
   std::mutex m;
@@ -381,7 +369,7 @@ struct Poller {
     if (!J) return fail("could not allocate a CPU branch job", T);
     while (!J->done.load(std::memory_order_acquire)) watch_fill(v), _mm_pause();
     if (ftmoe_wait(J, -1.0)) fail(J->err, T);
-    rows += J->rows, jobs += 1;
+    experts += int64_t(J->eid.size()), jobs += 1;
     nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     ftmoe_free(J);
   }
@@ -436,11 +424,11 @@ void ftmoe_poller_stop(void* p) {
   delete P;
 }
 
-// out5 = (jobs, intermediate rows computed, nanoseconds, rows filled, their nanoseconds) since
-// the last call (I rows = one expert); returns 1 after a failure.
+// out5 = (jobs, distinct experts, nanoseconds, experts filled, their nanoseconds) since the last
+// call; returns 1 after a failure.
 int ftmoe_poller_stats(void* p, int64_t* out5) {
   auto* P = static_cast<Poller*>(p);
-  out5[0] = P->jobs.exchange(0), out5[1] = P->rows.exchange(0), out5[2] = P->nanos.exchange(0);
+  out5[0] = P->jobs.exchange(0), out5[1] = P->experts.exchange(0), out5[2] = P->nanos.exchange(0);
   out5[3] = P->fills.exchange(0), out5[4] = P->fill_nanos.exchange(0);
   std::lock_guard<std::mutex> g(P->m);
   return P->err.empty() ? 0 : 1;
