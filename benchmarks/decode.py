@@ -83,14 +83,18 @@ def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, pr
 
 
 def bound(row: dict, prof: dict, dense: int, hbm: float) -> float:
-    """Upper bound on tok/s for this row's per-token miss pattern: the link and the CPU at their
-    concurrent bandwidths when both work, each at its solo bandwidth when only one does."""
+    """Upper bound on tok/s for this row's per-token misses: when both sides work, the missed
+    bytes split ideally between the link and the CPU at their concurrent bandwidths (whatever
+    split the policy chose); when one side works, that side at its solo bandwidth. Plus the
+    GPU's own bytes at HBM speed."""
     both = row["bytes_filled"] > 0 and row["bytes_cpu"] > 0
     b_p = (prof["h2d_concurrent_gbps" if both else "h2d_gbps"] or hbm) * 1e9  # no GPU: a host memcpy
     b_h = prof["cpu_expert_concurrent_gbps" if both else "cpu_expert_gbps"] * 1e9
-    link = row["bytes_filled"] / b_p if row["bytes_filled"] else 0.0
-    cpu = row["bytes_cpu"] / b_h if row["bytes_cpu"] else 0.0
-    return 1.0 / (max(link, cpu) + (dense + row["hit_bytes"] + row["bytes_filled"]) / (hbm * 1e9))
+    if both:
+        misses = (row["bytes_filled"] + row["bytes_cpu"]) / (b_p + b_h)
+    else:
+        misses = row["bytes_filled"] / b_p + row["bytes_cpu"] / b_h
+    return 1.0 / (misses + (dense + row["hit_bytes"] + row["bytes_filled"]) / (hbm * 1e9))
 
 
 def memory_hog(stop, nbytes: int) -> None:

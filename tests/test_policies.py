@@ -127,3 +127,15 @@ def test_trace_replay_follows_tokens(tmp_path):
             want = trace[[(token + i) % 5 for i in range(t)], layer]
             assert replay(layer, ids).tolist() == want.tolist()
         token += t
+
+
+def test_decode_bound_splits_the_misses_ideally():
+    """The bound does not reward a lopsided split: both sides' bytes at the two bandwidths together."""
+    from benchmarks.decode import bound
+    prof = {"h2d_gbps": 50.0, "h2d_concurrent_gbps": 40.0, "cpu_expert_gbps": 70.0, "cpu_expert_concurrent_gbps": 60.0}
+    hbm = 1e9  # GB/s: the GPU's own bytes cost ~nothing here
+    lopsided, even = ({"bytes_filled": f, "bytes_cpu": 10e9 - f, "hit_bytes": 0} for f in (9e9, 4e9))
+    assert bound(lopsided, prof, 0, hbm) == pytest.approx(bound(even, prof, 0, hbm), rel=1e-6)
+    assert bound(even, prof, 0, hbm) == pytest.approx(10.0, rel=1e-6)          # 10 GB at 100 GB/s
+    fetch_only = {"bytes_filled": 10e9, "bytes_cpu": 0, "hit_bytes": 0}
+    assert bound(fetch_only, prof, 0, hbm) == pytest.approx(5.0, rel=1e-6)    # solo B_P
