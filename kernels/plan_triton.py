@@ -22,7 +22,7 @@ DEAD = tl.constexpr((1 << 62) + 1)          # key already taken or out of range
 
 @triton.jit
 def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, route_ptr,
-                 vic_ptr, fetch_ptr, counts_ptr, N, S, n_out, base,
+                 vic_ptr, fetch_ptr, counts_ptr, N, S, n_out, base, n_layers,
                  BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr):
     c = tl.load(clock_ptr) + 1                                   # this step's clock
     ln = tl.arange(0, BLOCK_N)                                   # [BLOCK_N] route lanes
@@ -42,7 +42,7 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     before = (sn[None, :] > sn[:, None]) | ((sn[None, :] == sn[:, None]) & (
         (cnt[None, :] > cnt[:, None]) | tie_id))
     rank = tl.sum((before & missf[None, :]).to(tl.int32), axis=1)       # [BLOCK_N]
-    # F = split_fetch(M, q) in float64 like the Python reference, capped by unprotected slots
+    # F = split_fetch(M, q, recurring) in float64 like the Python reference, capped by unprotected slots
     qv = tl.load(q_ptr).to(tl.float64)
     qs = tl.where((qv > 0.0) & (qv < 1.0), qv, 0.5)
     m = n_miss.to(tl.float64)
@@ -52,6 +52,8 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     cost1 = tl.maximum(f1.to(tl.float64) / qs, (m - f1.to(tl.float64)) / (1.0 - qs))
     f = tl.where((f1 <= n_miss) & (cost1 <= cost0), f1, f0)
     f = tl.where(qv >= 1.0, n_miss, tl.where(qv <= 0.0, 0, f))
+    recurring = tl.sum((missf & (sn >= 0) & (sn >= c - n_layers)).to(tl.int32), axis=0) > 0
+    f = tl.where((qv > 0.0) & (qv < 1.0) & recurring, tl.maximum(f, 1), f)
     f = tl.minimum(f, S - n_hit)
     # victims: the f smallest keys (last_use, slot), protected slots keyed BIG + slot
     hs = tl.where(hitf, slot, -1)                                # [BLOCK_N] protected slots
@@ -110,7 +112,7 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     block_s = block_s or min(triton.next_power_of_2(S), max(64, 16384 // block_n))
     _plan_kernel[(1,)](ids.contiguous(), slot_of, owner_of, last_use, seen, clock, q, out_route,
                        out_victims, out_fetch, out_counts, N, S, n_out, layer * n_experts,
-                       BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_O=triton.next_power_of_2(n_out),
+                       slot_of.numel() // n_experts, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_O=triton.next_power_of_2(n_out),
                        num_warps=4 if block_n <= 64 else 8)
 
 

@@ -74,17 +74,27 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     return torch.cat(out, dim=0)
 
 
-def split_fetch(m: int, q: float) -> int:
+def split_fetch(m: int, q: float, recurring: bool = False) -> int:
     """How many of m misses to fetch over PCIe (the rest run on the CPU): the integer F in
     {floor(qm), floor(qm)+1} that minimises the slower branch max(F/q, (m-F)/(1-q)), where
-    q = B_P / (B_P + B_H). Ties go to fetching, since a fill can be reused."""
+    q = B_P / (B_P + B_H). Ties go to fetching, since a fill can be reused. For the same reason
+    F is at least 1 when one of the misses recurs (was also demanded at this layer's previous
+    step): a miss left to the CPU is never cached, so a recurring expert would otherwise run
+    on the CPU at every step."""
     if q >= 1.0:
         return m
     if q <= 0.0:
         return 0
     f = int(q * m)
     cands = [c for c in (f + 1, f) if c <= m]
-    return min(cands, key=lambda c: max(c / q, (m - c) / (1 - q)))
+    f = min(cands, key=lambda c: max(c / q, (m - c) / (1 - q)))
+    return max(f, 1) if recurring else f
+
+
+def recurs(seen: int, clock: int, n_layers: int) -> bool:
+    """Whether an expert last demanded at `seen` was demanded at its layer's previous step, when
+    this step's clock is `clock` (the clock counts layer steps, n_layers of them per token)."""
+    return 0 <= seen and clock - n_layers <= seen
 
 
 def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
@@ -94,7 +104,7 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
 
     ids [T, K] expert ids of this layer; slot_of [L*E] (slot or -1), owner_of [S] (flat id or
     -1), last_use [S] and seen [L*E] (clock of last demand). Deduplicates the routed experts,
-    classifies hits and misses, fetches F = split_fetch(M, q) of the M misses (most recently
+    classifies hits and misses, fetches F = split_fetch(M, q, a miss recurs) of the M misses (most recently
     demanded first, then most routed tokens) into the least recently used slots that no hit of
     this step owns, and returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert
     ids [F] within the layer, hits, misses). With cold, the fills enter as least recently used
@@ -110,7 +120,8 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     miss = miss[order]
     protect = torch.zeros_like(last_use, dtype=torch.bool)
     protect[slots[hit]] = True
-    f = min(split_fetch(miss.numel(), q), int((~protect).sum()))
+    recurring = any(recurs(int(t), clock, slot_of.numel() // n_experts) for t in seen[miss])
+    f = min(split_fetch(miss.numel(), q, recurring), int((~protect).sum()))
     victims = torch.argsort(last_use.masked_fill(protect, torch.iinfo(last_use.dtype).max), stable=True)[:f]
     fetch = miss[:f]
     old = owner_of[victims]

@@ -51,11 +51,13 @@ def test_plan_invariants_random():
         T = int(torch.randint(1, 5, (), generator=g))
         ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
         q = float(torch.rand((), generator=g))
-        resident_before = slot_of.clone()
+        resident_before, seen_before = slot_of.clone(), seen.clone()
         route, victims, fetch, hits, misses = ref.plan(ids, layer, E, slot_of, owner_of, last_use, seen, clock, q)
         flat = ids + layer * E
         assert hits + misses == flat.unique().numel()
-        assert len(victims) == ref.split_fetch(misses, q)
+        missed = [f for f in flat.unique().tolist() if resident_before[f] < 0]
+        recurring = any(ref.recurs(int(seen_before[f]), clock, L) for f in missed)
+        assert len(victims) == ref.split_fetch(misses, q, recurring)
         # no slot double-booked; tables agree with each other
         live = owner_of[owner_of >= 0]
         assert live.unique().numel() == live.numel()
@@ -90,13 +92,32 @@ def test_split_fetch_matches_brute_force(q):
             assert f == (m if q == 1 else 0)
 
 
+def test_recurring_miss_is_cached():
+    """A miss left to the CPU is never cached: with q < 0.5 a lone miss would run on the CPU at
+    every step. When it recurs (demanded at its layer's previous step) it is fetched once and
+    hits from then on; a first demand still follows the split."""
+    S, L, E = 8, 2, 8
+    slot_of, owner_of, last_use, seen = tables(S, L, E)
+    got = []
+    for clock in range(1, 9):  # two layers per token, the same experts every token
+        layer = (clock - 1) % L
+        _, victims, _, hits, misses = ref.plan(torch.tensor([[1]]), layer, E, slot_of, owner_of, last_use,
+                                               seen, clock, 0.3)
+        got.append((len(victims), hits))
+    assert got[:2] == [(0, 0), (0, 0)]         # first demand: F = 0 of M = 1 at q = 0.3
+    assert got[2:4] == [(1, 0), (1, 0)]        # recurring: fetched once
+    assert got[4:] == [(0, 1)] * 4             # then hits
+    assert ref.split_fetch(1, 0.3) == 0 and ref.split_fetch(1, 0.3, True) == 1
+    assert ref.split_fetch(5, 0.0, True) == 0  # the cpu policy and static CPU layers never fetch
+
+
 def test_host_tables_match_reference_plan():
     """The eager path's O(K) planner makes exactly the reference's decisions."""
     from engine.moe.tables import HostTables
     g = torch.Generator().manual_seed(1)
     for S, q in ((9, 1.0), (12, 0.4), (10, 0.0), (16, 0.75)):
         L, E, K = 3, 8, 3
-        host = HostTables(S, L * E)
+        host = HostTables(S, L * E, L)
         slot_of, owner_of, last_use, seen = tables(S, L, E)
         for clock in range(1, 200):
             layer = int(torch.randint(0, L, (), generator=g))

@@ -48,7 +48,7 @@ class ExpertCache:
             from engine.moe.device_control import DeviceTables
             self.tables = DeviceTables(n_slots, n_layers * n_experts, n_experts, device)
         else:  # eager control: one sync per layer step
-            self.tables = HostTables(n_slots, n_layers * n_experts)
+            self.tables = HostTables(n_slots, n_layers * n_experts, n_layers)
         self.stats = CacheStats()
 
     @property

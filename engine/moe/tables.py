@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 
-from kernels.ref import split_fetch
+from kernels.ref import recurs, split_fetch
 
 
 class HostTables:
-    def __init__(self, n_slots: int, n_flat: int):
+    def __init__(self, n_slots: int, n_flat: int, n_layers: int):
+        self.n_layers = n_layers
         self.slot_of = [-1] * n_flat      # flat id -> slot or -1
         self.owner_of = [-1] * n_slots    # slot -> flat id or -1
         self.seen = [-1] * n_flat         # flat id -> clock of its last demand
@@ -61,7 +62,8 @@ class HostTables:
         uniq = sorted(counts)
         hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
         misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
-        n = min(split_fetch(len(misses), q), len(self.owner_of) - len(hit_slots))
+        recurring = any(recurs(self.seen[f], self.clock, self.n_layers) for f in misses)
+        n = min(split_fetch(len(misses), q, recurring), len(self.owner_of) - len(hit_slots))
         victims = []
         for s in self.lru:
             if len(victims) == n:
