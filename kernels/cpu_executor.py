@@ -141,8 +141,9 @@ class CPUExecutor:
         if self.backend != "torch":
             pin = (_core_cpus() + [-1] * self.threads)[:self.threads]
             pin = (ctypes.c_int * self.threads)(*pin)
-            # spin for new work only when a core is left for the caller (never on a 2-core CI box)
-            spin = 20000 if self.threads < (psutil.cpu_count(logical=False) or 1) else 0
+            # spin for new work (2 ms, some layer steps apart) only when a core is left for the
+            # caller (never on a 2-core CI box)
+            spin = 2000 if self.threads < (psutil.cpu_count(logical=False) or 1) else 0
             self._pool = self._lib.ftmoe_pool_create(self.threads, pin, spin)
 
     def submit(self, x, w_gate_up, w_down, ids, weights, out) -> CPUFuture:

@@ -205,9 +205,9 @@ struct Pool {
   uint64_t seq = 0;
 
   std::atomic<uint64_t> pub{0};  // last submitted seq, read by spinning workers without the lock
-  int spin = 0;                   // pause iterations a worker spins for new work before sleeping
+  std::chrono::microseconds spin;  // how long a worker spins for new work before sleeping
 
-  Pool(int n_, const int* cpus, int spin_) : n(n_), spin(spin_) {
+  Pool(int n_, const int* cpus, int spin_us) : n(n_), spin(spin_us) {
     for (int i = 0; i < n; ++i) th.emplace_back(&Pool::loop, this, cpus ? cpus[i] : -1);
   }
   ~Pool() {
@@ -227,9 +227,12 @@ struct Pool {
     }
     for (uint64_t last = 0;;) {
       Job* J;
-      // Decode submits a job per layer every few hundred microseconds: spinning briefly keeps
-      // the workers awake for it instead of paying a condition-variable wake-up each time.
-      for (int i = 0; i < spin && pub.load(std::memory_order_acquire) <= last; ++i) _mm_pause();
+      // Decode submits a job every layer step or few (a few hundred microseconds each): spinning
+      // for a while, by the clock (a pause lasts 10 to 140 cycles, by CPU), keeps the workers
+      // awake for it instead of paying a condition-variable wake-up of every worker each time.
+      for (auto until = std::chrono::steady_clock::now() + spin;
+           pub.load(std::memory_order_acquire) <= last && std::chrono::steady_clock::now() < until;)
+        for (int i = 0; i < 16; ++i) _mm_pause();
       {
         std::unique_lock<std::mutex> lk(m);
         cv.wait(lk, [&] { return (!q.empty() && q.front()->seq > last) || (stop && q.empty()); });
@@ -268,7 +271,7 @@ int ftmoe_cpu_features() {
   return f;
 }
 
-void* ftmoe_pool_create(int threads, const int* cpus, int spin) { return new Pool(threads, cpus, spin); }
+void* ftmoe_pool_create(int threads, const int* cpus, int spin_us) { return new Pool(threads, cpus, spin_us); }
 void ftmoe_pool_destroy(void* pool) { delete static_cast<Pool*>(pool); }
 
 // ids [T, K] int32/int64 (-1 = skip), rw [T, K] fp32, out [T, H] fp32; all contiguous.
