@@ -67,19 +67,46 @@ def hbm_gbps(engine: Engine) -> float:
 
 
 def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, prompt: list[int],
-                   tokens: int, repeats: int, prof: dict, online: bool) -> dict:
+                   tokens: int, repeats: int, prof: dict, modes: list[bool]) -> list[dict]:
+    """A row per q* mode of one policy (True: re-estimated online, False: fixed at the profile's).
+    Several modes share one runtime and take turns repeat by repeat, so a drift in the host's
+    speed falls on each alike."""
     rt = rebuild_experts(engine, store, config,
                          make_routing(routing, len(store.banks), store.n_experts, engine.cfg.router.top_k))
-    rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"], online)
-    decode_once(engine, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
-    runs = [decode_once(engine, prompt, tokens) for _ in range(repeats)]
-    times, n = [t for t, _ in runs], repeats * tokens
-    d = {k: sum(c[k] for _, c in runs) / n for k in COUNTERS}
-    return {"policy": config.moe_policy + ("" if online else " (fixed q*)"), "graph": engine.graphs is not None, "tok_s": tokens / statistics.median(times),
-            "hit_rate": d["hits"] / max(1e-9, d["hits"] + d["misses"]), **d, "q_star": rt.policy.q_star,
-            "hit_bytes": d["hits"] * store.layout.slot_bytes,
-            **({"b_p_online_gbps": rt.estimator.b_p / 1e9, "b_h_online_gbps": rt.estimator.b_h / 1e9}
-               if rt.estimator else {})}
+    rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"])
+    est, q0 = rt.estimator, rt.policy.q_star
+
+    def use(online: bool) -> None:
+        rt.estimator = est if online else None
+        rt.policy.q_star = est.q_star if online else q0
+
+    runs, q = {m: [] for m in modes}, {}
+    for m in modes:
+        use(m)
+        decode_once(engine, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
+    for _ in range(repeats):
+        for m in modes:
+            use(m)
+            runs[m].append(decode_once(engine, prompt, tokens))
+            q[m] = rt.policy.q_star
+    rows = []
+    for m in modes:
+        times, n = [t for t, _ in runs[m]], repeats * tokens
+        d = {k: sum(c[k] for _, c in runs[m]) / n for k in COUNTERS}
+        rows.append({"policy": config.moe_policy + ("" if m else " (fixed q*)"), "graph": engine.graphs is not None,
+                     "tok_s": tokens / statistics.median(times),
+                     "hit_rate": d["hits"] / max(1e-9, d["hits"] + d["misses"]), **d, "q_star": q[m],
+                     "hit_bytes": d["hits"] * store.layout.slot_bytes,
+                     **({"b_p_online_gbps": est.b_p / 1e9, "b_h_online_gbps": est.b_h / 1e9} if m else {})})
+    return rows
+
+
+def policy_modes(policies: list[str]) -> list[tuple[str, list[bool]]]:
+    """(policy, q* modes) in the listed order; adaptive and adaptive-fixed form one entry."""
+    out: dict[str, list[bool]] = {}
+    for p in policies:
+        out.setdefault(p.removesuffix("-fixed"), []).append(p != "adaptive-fixed")
+    return list(out.items())
 
 
 def bound(row: dict, prof: dict, dense: int, hbm: float) -> float:
@@ -121,20 +148,18 @@ def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], po
                      for _ in range(contention)]
             [p.start() for p in procs]
             time.sleep(1.0)
-        for graph, routing, budget, pol in ((g, r, b, p) for g in graphs for r in routings for b in budgets
-                                            for p in policies):
-            online = pol != "adaptive-fixed"
-            cfg = replace(base, expert_budget=budget, graph=graph,
-                          moe_policy="adaptive" if pol == "adaptive-fixed" else pol)
-            row = measure_policy(engine, store, cfg, routing, prompt, tokens, repeats, prof, online)
-            row["load"] = f"{contention} hog(s)" if load else "none"
-            row["routing"] = routing.split("/")[-1]
-            row["budget_gib"] = engine.runtime.cache.n_slots * store.layout.slot_bytes / 2**30
-            row["slots"] = engine.runtime.cache.n_slots
-            row["bound_tok_s"] = bound(row, prof, dense, hbm)
-            row["ratio"] = row["tok_s"] / row["bound_tok_s"]
-            rows.append(row)
-            say(row)
+        for graph, routing, budget, (pol, modes) in ((g, r, b, p) for g in graphs for r in routings
+                                                     for b in budgets for p in policy_modes(policies)):
+            cfg = replace(base, expert_budget=budget, graph=graph, moe_policy=pol)
+            for row in measure_policy(engine, store, cfg, routing, prompt, tokens, repeats, prof, modes):
+                row["load"] = f"{contention} hog(s)" if load else "none"
+                row["routing"] = routing.split("/")[-1]
+                row["budget_gib"] = engine.runtime.cache.n_slots * store.layout.slot_bytes / 2**30
+                row["slots"] = engine.runtime.cache.n_slots
+                row["bound_tok_s"] = bound(row, prof, dense, hbm)
+                row["ratio"] = row["tok_s"] / row["bound_tok_s"]
+                rows.append(row)
+                say(row)
         stop.set()
         [p.join() for p in procs]
     return rows

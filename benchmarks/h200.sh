@@ -36,7 +36,7 @@ decode-b)  # issue 4: a locality trace at three budgets, a competing host-memory
   python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
   timeout 330 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB --moe-policy adaptive,fetch,cpu \
     --routing trace:/tmp/trace.npy --out "$out/decode_b.json" > "$out/decode_b.txt" 2>&1; tail -16 "$out/decode_b.txt"
-  timeout 150 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed \
+  timeout 150 python3 -m freetoken_cli.main bench decode $shape --repeats 7 --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed \
     --routing trace:/tmp/trace.npy --contention 6 --out "$out/decode_c.json" > "$out/decode_c.txt" 2>&1; tail -10 "$out/decode_c.txt"
   timeout 90 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu \
     --routing model --out "$out/decode_m.json" > "$out/decode_m.txt" 2>&1; tail -9 "$out/decode_m.txt" ;;

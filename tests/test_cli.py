@@ -141,6 +141,22 @@ def test_record_trace_then_bench_decode_replays_it(tiny_hf, tmp_path):
     one_line_error(cli("bench", "decode", tiny_hf, "--routing", "trace:/no/such.npy", "--device", "cpu"), "trace")
 
 
+def test_bench_decode_online_and_fixed_q_take_turns(tiny_hf, tmp_path, monkeypatch):
+    from engine import profile
+    from engine.moe.estimator import BandwidthEstimator
+    monkeypatch.setattr(BandwidthEstimator.__init__, "__defaults__", (0.1, 0))  # time the tiny experts too
+    monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path))  # a saved profile with q* = 0.5
+    profile.save({"machine": profile.machine(), "h2d_concurrent_gbps": 1.0, "cpu_expert_concurrent_gbps": 1.0,
+                  "h2d_gbps": 1.0, "cpu_expert_gbps": 1.0, "q_star": 0.5})
+    r = cli("bench", "decode", tiny_hf, "--device", "cpu", "--tokens", 4, "--repeats", 2, "--expert-budget",
+            "200KiB", "--moe-policy", "adaptive-fixed,fetch,adaptive", "--routing", "uniform", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert [x["policy"] for x in rows] == ["adaptive (fixed q*)", "adaptive", "fetch"]  # one runtime, in turns
+    assert rows[0]["q_star"] == 0.5 and "b_p_online_gbps" not in rows[0]
+    assert rows[1]["q_star"] != pytest.approx(0.5, abs=1e-3)  # re-estimated from this machine's timings
+
+
 def test_bench_prefill_rows(tiny_hf):
     r = cli("bench", "prefill", tiny_hf, "--device", "cpu", "--lengths", "64,160", "--follow-up", 12,
             "--prefill-chunk", 64, "--json")
