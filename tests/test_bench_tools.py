@@ -25,3 +25,15 @@ def test_prefetch_signal_on_the_demo_model():
     k, e = engine.cfg.router.top_k, engine.cfg.num_experts
     assert len(acc) == engine.cfg.num_layers - 1 and all(0 <= a <= 1 for a in acc)
     assert sum(acc) / len(acc) > 1.5 * k / e
+
+
+def test_split_model_prices_whole_expert_splits():
+    """Fresh experts every step at B_P = B_H: two misses split evenly (the ideal), three cannot
+    (one side takes two experts: 2 expert-times against the ideal 1.5)."""
+    import numpy as np
+    from benchmarks.split_model import price
+    for k, ratio in [(2, 1.0), (3, 0.75)]:
+        trace = np.arange(10 * k).reshape(10, 1, k)  # never a repeat: every route misses
+        r = price(trace, slots=4, experts=64, b_p=1e9, b_h=1e9, expert_bytes=10**9, warm_tokens=0)
+        assert r["hit_rate"] == 0 and r["fetched"] + r["cpu"] == k
+        assert r["ideal_s"] / r["split_s"] == ratio and r["ideal_s"] == k / 2
