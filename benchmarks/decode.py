@@ -4,6 +4,7 @@ CPU reads / B_H overlapped, plus the device-resident bytes / HBM bandwidth."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -124,11 +125,14 @@ def bound(row: dict, prof: dict, dense: int, hbm: float) -> float:
     return 1.0 / (misses + (dense + row["hit_bytes"] + row["bytes_filled"]) / (hbm * 1e9))
 
 
-def memory_hog(stop, nbytes: int) -> None:
-    """A competing program: stream through `nbytes` of RAM until stopped."""
+def memory_hog(stop, ready, nbytes: int, parent: int) -> None:
+    """A competing program: stream through `nbytes` of RAM (release `ready` once it does) until
+    stopped, or until the bench that started it is gone (killed by a time limit, it cannot stop
+    its hogs)."""
     import numpy as np
     buf = np.ones(nbytes // 8)
-    while not stop.is_set():
+    ready.release()
+    while not stop.is_set() and os.getppid() == parent:
         buf.sum()
 
 
@@ -142,12 +146,15 @@ def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], po
     dense, hbm = dense_bytes(engine), hbm_gbps(engine)
     rows = []
     for load in ([False, True] if contention else [False]):
-        stop, procs = mp.get_context("spawn").Event(), []
+        ctx = mp.get_context("spawn")
+        stop, ready, procs = ctx.Event(), ctx.Semaphore(0), []
         if load:
-            procs = [mp.get_context("spawn").Process(target=memory_hog, args=(stop, 2 << 30), daemon=True)
+            procs = [ctx.Process(target=memory_hog, args=(stop, ready, 2 << 30, os.getpid()), daemon=True)
                      for _ in range(contention)]
             [p.start() for p in procs]
-            time.sleep(1.0)
+            for _ in procs:  # every hog streaming before the loaded rows start
+                if not ready.acquire(timeout=120):
+                    raise RuntimeError("a memory hog did not start within 120 s")
         for graph, routing, budget, (pol, modes) in ((g, r, b, p) for g in graphs for r in routings
                                                      for b in budgets for p in policy_modes(policies)):
             cfg = replace(base, expert_budget=budget, graph=graph, moe_policy=pol)

@@ -39,7 +39,7 @@ decode-b)  # issue 4: a locality trace at three budgets, a competing host-memory
   for hogs in 6 12; do  # 12 hogs also oversubscribe the 16 cores the executor's 8 threads run on
     timeout 200 python3 -m freetoken_cli.main bench decode $shape --repeats 5 --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed \
       --routing trace:/tmp/trace.npy --contention $hogs --out "$out/decode_c$hogs.json" > "$out/decode_c$hogs.txt" 2>&1
-    pkill -f multiprocessing.spawn; tail -10 "$out/decode_c$hogs.txt"
+    tail -10 "$out/decode_c$hogs.txt"
   done
   timeout 90 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu \
     --routing model --out "$out/decode_m.json" > "$out/decode_m.txt" 2>&1; tail -9 "$out/decode_m.txt" ;;

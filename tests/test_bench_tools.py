@@ -37,3 +37,38 @@ def test_split_model_prices_whole_expert_splits():
         r = price(trace, slots=4, experts=64, b_p=1e9, b_h=1e9, expert_bytes=10**9, warm_tokens=0)
         assert r["hit_rate"] == 0 and r["fetched"] + r["cpu"] == k
         assert r["ideal_s"] / r["split_s"] == ratio and r["ideal_s"] == k / 2
+
+
+_BENCH = """
+import multiprocessing as mp, os, sys
+from benchmarks.decode import memory_hog
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    stop, ready = ctx.Event(), ctx.Semaphore(0)  # kept: start() drops the process's own references
+    hog = ctx.Process(target=memory_hog, args=(stop, ready, 1 << 20, os.getpid()))
+    hog.start()
+    print(hog.pid, flush=True)
+    os._exit(0 if ready.acquire(timeout=60) else 3)  # no cleanup, as under SIGKILL or SIGTERM
+"""
+
+
+def test_memory_hog_stops_when_its_bench_is_gone(tmp_path):
+    """bench decode --contention: a bench killed by a time limit leaves no hog behind."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    log = tmp_path / "bench.log"  # not a pipe: the hog would hold it open
+    with open(log, "w") as f:
+        bench = subprocess.run([sys.executable, "-c", _BENCH], stdout=f, stderr=subprocess.STDOUT, timeout=120)
+    hog = psutil.Process(int(log.read_text().split()[0]))
+    try:
+        assert bench.returncode == 0, f"the hog did not start: {log.read_text()[-500:]}"
+        deadline = time.time() + 30
+        while hog.is_running() and hog.status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
+            time.sleep(0.1)
+        assert not hog.is_running() or hog.status() == psutil.STATUS_ZOMBIE
+    finally:
+        if hog.is_running():
+            hog.kill()
