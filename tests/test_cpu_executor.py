@@ -124,6 +124,34 @@ def test_pool_survives_many_jobs(ex):
     assert all(rel_err(o, expect) < 1e-5 for o in outs)
 
 
+@pytest.mark.parametrize("spin_us", [0, 300])
+def test_pool_serves_several_submitters_at_once(spin_us):
+    """Jobs from several threads queue and each is computed whole, with the workers sleeping
+    between jobs or spinning for them."""
+    import ctypes
+    import threading
+    if not cpu_executor_available():
+        pytest.skip("no C++ executor here")
+    ex = CPUExecutor(3)
+    ex._lib.ftmoe_pool_destroy(ex._pool)
+    ex._pool = ex._lib.ftmoe_pool_create(3, (ctypes.c_int * 3)(-1, -1, -1), spin_us)
+    gu, down = make_bank(64, 32, torch.float32)
+    errors = []
+
+    def submitter(seed: int) -> None:
+        for i in range(150):
+            x, ids, w = make_routes(1 + i % 3, 2, torch.int64, torch.float32, 64, seed=seed * 1000 + i)
+            out = torch.empty(x.shape[0], 64)
+            ex.submit(x, gu, down, ids, w, out).wait(timeout=10)
+            errors.append(rel_err(out, ref.moe_experts(x, gu, down, ids, w)))
+
+    threads = [threading.Thread(target=submitter, args=(s,)) for s in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    ex.close()
+    assert len(errors) == 600 and max(errors) < 1e-5
+
+
 @pytest.mark.parametrize("bad", [E, 1000, -2])
 def test_bad_expert_id_raises_from_wait(ex, ex_torch, bad):
     gu, down = make_bank(64, 32, torch.bfloat16)
