@@ -40,7 +40,7 @@ def test_split_model_prices_whole_expert_splits():
 
 
 _BENCH = """
-import multiprocessing as mp, os, sys
+import multiprocessing as mp, os
 from benchmarks.decode import memory_hog
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")
