@@ -1,5 +1,7 @@
 """Two-level expert memory on the CPU cache tier: hits, misses, fills, LRU eviction, and output
 invariance to the expert budget."""
+import re
+
 import pytest
 import torch
 from conftest import greedy, load
@@ -33,8 +35,10 @@ def test_budget_invariance_and_counters(tiny_model):
 def test_budget_below_one_layer_is_refused(tiny_model):
     _, _, ftw = tiny_model("qwen3_moe")
     slot = load(ftw).runtime.store.layout.slot_bytes
-    with pytest.raises(UserError, match="raise --expert-budget"):
+    with pytest.raises(UserError, match="raise --expert-budget") as e:
         load(ftw, expert_budget=7 * slot)
+    suggested = int(re.search(r"at least (\d+)MiB", str(e.value)).group(1))
+    assert suggested >= 1 and load(ftw, expert_budget=suggested << 20).runtime.cache.n_slots >= 8
 
 
 def tables(S, L, E):

@@ -3,6 +3,7 @@ tensor of one (layer, expert) pair; residency is tracked on flat ids `layer * E 
 the tables slot_of [L*E], owner_of [S], last_use [S] and one global LRU clock."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +33,8 @@ def slots_for_budget(budget: int, layout: SlotLayout, n_experts: int) -> int:
     slots = budget // layout.slot_bytes
     if slots < n_experts:
         mib = n_experts * layout.slot_bytes / 2**20
-        raise UserError(f"expert budget {budget / 2**20:.1f} MiB holds {slots} experts but one layer has "
-                        f"{n_experts} ({mib:.1f} MiB); raise --expert-budget to at least {mib:.0f}MiB")
+        raise UserError(f"expert budget {budget / 2**20:.2f} MiB holds {slots} experts but one layer has "
+                        f"{n_experts} ({mib:.2f} MiB); raise --expert-budget to at least {math.ceil(mib)}MiB")
     return slots
 
 
