@@ -6,7 +6,7 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$out/log.txt"; }
 export PYTHONUNBUFFERED=1 FREETOKEN_CACHE=/tmp/ftcache
 MAIN=$PWD; MB=/tmp/mb
 mkdir -p $MB && cp -r $(ls) $MB/
-cp benchmarks/results/2026-11-30-h200-f/ab/cpu_moe_mailbox.cpp $MB/kernels/csrc/cpu_moe.cpp
+patch -s -p1 -d $MB < benchmarks/results/2026-11-30-h200-f/ab/cpu_moe_mailbox.patch
 ls $MB >> "$out/log.txt"
 build() { (cd $1 && TORCH_EXTENSIONS_DIR=$2 PYTHONPATH=$1 python3 -c "from kernels.cpu_executor import cpu_executor_available as a; print('$1', a())"); }
 build $MAIN /tmp/ext_main >> "$out/log.txt" 2>&1 &
