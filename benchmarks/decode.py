@@ -146,9 +146,9 @@ def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], po
     dense, hbm = dense_bytes(engine), hbm_gbps(engine)
     rows = []
     for load in ([False, True] if contention else [False]):
-        ctx = mp.get_context("spawn")
-        stop, ready, procs = ctx.Event(), ctx.Semaphore(0), []
         if load:
+            ctx = mp.get_context("spawn")
+            stop, ready = ctx.Event(), ctx.Semaphore(0)
             procs = [ctx.Process(target=memory_hog, args=(stop, ready, 2 << 30, os.getpid()), daemon=True)
                      for _ in range(contention)]
             [p.start() for p in procs]
@@ -167,6 +167,7 @@ def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], po
                 row["ratio"] = row["tok_s"] / row["bound_tok_s"]
                 rows.append(row)
                 say(row)
-        stop.set()
-        [p.join() for p in procs]
+        if load:
+            stop.set()
+            [p.join() for p in procs]
     return rows

@@ -141,6 +141,25 @@ def test_record_trace_then_bench_decode_replays_it(tiny_hf, tmp_path):
     one_line_error(cli("bench", "decode", tiny_hf, "--routing", "trace:/no/such.npy", "--device", "cpu"), "trace")
 
 
+def test_bench_decode_out_keeps_the_rows_of_a_bench_cut_short(tiny_hf, tmp_path, monkeypatch):
+    import benchmarks.decode as bench
+    measured = bench.measure_policy
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt  # as a time limit's signal would
+
+    def first_then_interrupted(*a, **k):
+        monkeypatch.setattr(bench, "measure_policy", interrupted)
+        return measured(*a, **k)
+    monkeypatch.setattr(bench, "measure_policy", first_then_interrupted)
+    out = tmp_path / "rows.json"
+    r = cli("bench", "decode", tiny_hf, "--device", "cpu", "--tokens", 2, "--repeats", 1, "--expert-budget",
+            "1MiB", "--moe-policy", "fetch,cpu", "--out", out)
+    assert r.exit_code == 130
+    assert [x["policy"] for x in json.loads(out.read_text())["rows"]] == ["fetch"]
+    assert "of its bound" in r.stderr
+
+
 def test_bench_decode_online_and_fixed_q_take_turns(tiny_hf, tmp_path, monkeypatch):
     from engine import profile
     from engine.moe.estimator import BandwidthEstimator
