@@ -26,11 +26,15 @@ graphs)  # graph decode: GPU tests, then graph vs eager rows
   tail -15 "$out/gpu_tests.txt"
   ft bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu --graph on,off \
     --routing model > "$out/decode_graph.txt" 2>&1; cat "$out/decode_graph.txt" ;;
-decode-a)  # issues 2 and 4: graph decode, every policy and budget, model routing and a locality trace
+decode-a)  # issue 4: the four policies at three budgets on a locality trace, then with model routing
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
-  ft bench decode $shape --expert-budget 4GiB,8GiB,16GiB,auto --moe-policy adaptive,fetch,cpu,static:auto \
-    --routing model,trace:/tmp/trace.npy --out "$out/decode_a.json" > "$out/decode_a.txt" 2>&1; cat "$out/decode_a.txt" ;;
+  # 12 rows took ~300 s on 2026-11-30; --out keeps the rows measured before a time limit
+  timeout 360 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB \
+    --moe-policy adaptive,fetch,cpu,static:auto --routing trace:/tmp/trace.npy --out "$out/decode_a.json" \
+    > "$out/decode_a.txt" 2>&1; tail -12 "$out/decode_a.txt"
+  timeout 160 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu,static:auto \
+    --routing model --out "$out/decode_am.json" > "$out/decode_am.txt" 2>&1; tail -10 "$out/decode_am.txt" ;;
 decode-b)  # issue 4: a locality trace at three budgets, a competing host-memory load, model routing
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
