@@ -146,7 +146,7 @@ def test_bench_decode_out_keeps_the_rows_of_a_bench_cut_short(tiny_hf, tmp_path,
     measured = bench.measure_policy
 
     def interrupted(*a, **k):
-        raise KeyboardInterrupt  # as a time limit's signal would
+        raise KeyboardInterrupt  # stopped after the first row (Ctrl-C; a time limit kills it between rows alike)
 
     def first_then_interrupted(*a, **k):
         monkeypatch.setattr(bench, "measure_policy", interrupted)
