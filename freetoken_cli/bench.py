@@ -57,17 +57,17 @@ def decode(model: Optional[str] = ModelArg,
     engine = load_synthetic(cfg, synthetic, layers) if synthetic else load_engine(cfg, ensure_ftw(model))
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
-    done: list[dict] = []
+    rows: list[dict] = []
 
     def say(r: dict) -> None:  # --out holds every row measured so far: a bench cut short keeps them
         typer.echo(f"{r['policy']}, {r['routing']}, {r['budget_gib']:.1f} GiB, graph {'on' if r['graph'] else 'off'}, "
                    f"load {r['load']}: {r['tok_s']:.2f} tok/s, {r['ratio']:.0%} of its bound", err=True)
-        done.append(r)
+        rows.append(r)
         if out:
-            out.write_text(json.dumps({"rows": done, "profile": prof}, indent=1))
+            out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
 
-    rows = run(engine, engine.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
-               prompt_tokens, prof, contention, say=say)
+    run(engine, engine.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
+        prompt_tokens, prof, contention, say=say)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
