@@ -395,7 +395,10 @@ struct Poller {
       serve(v);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       *done = v;
-      while (!fill_seen && !stop.load(std::memory_order_relaxed)) watch_fill(v), _mm_pause();
+      // The stream writes the next go only after this step's fill flag, so a new go means the
+      // fills landed even if this thread, descheduled, never saw fill == v (the stream may have
+      // written the next step's value over it by then): waiting on would hang both sides.
+      while (!fill_seen && !*go && !stop.load(std::memory_order_relaxed)) watch_fill(v), _mm_pause();
       if (nf > 0 && fill_seen && !late)
         fills += nf, fill_nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(t_fill - t_go).count();
     }
