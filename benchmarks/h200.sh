@@ -3,7 +3,8 @@
 # torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD FREETOKEN_CACHE=/tmp/ftcache
+# PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH=$PWD FREETOKEN_CACHE=/tmp/ftcache
 ft() { python3 -m freetoken_cli.main "$@"; }
 shape="--synthetic qwen3-30b-a3b --cpu-threads 8 --tokens 32 --repeats 3"
 case $part in
@@ -11,7 +12,7 @@ tests)
   nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv > "$out/env.txt"
   python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" >> "$out/env.txt"
   lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Flags" | cut -c1-300 >> "$out/env.txt"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_triton_kernels.py tests/test_graphs.py tests/test_prefill.py \
+  timeout -s ABRT 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_triton_kernels.py tests/test_graphs.py tests/test_prefill.py \
     tests/test_parity.py tests/test_expert_memory.py tests/test_policies.py tests/test_cpu_executor.py \
     tests/test_radix.py tests/test_ftw.py > "$out/gpu_tests.txt" 2>&1
   tail -5 "$out/gpu_tests.txt"
@@ -21,7 +22,7 @@ from kernels.plan_triton import bench_plan; from kernels.fill_triton import benc
 print(bench_moe()); print(bench_attention()); print(bench_plan()); print(bench_fill())" > "$out/kernels.txt" 2>&1
   tail -3 "$out/kernels.txt" ;;
 graphs)  # graph decode: GPU tests, then graph vs eager rows
-  timeout 300 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py \
+  timeout -s ABRT 300 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py \
     tests/test_triton_kernels.py tests/test_parity.py tests/test_policies.py > "$out/gpu_tests.txt" 2>&1
   tail -15 "$out/gpu_tests.txt"
   ft bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu --graph on,off \
@@ -30,22 +31,22 @@ decode-a)  # issue 4: the four policies at three budgets on a locality trace, th
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
   # 12 rows took ~300 s on 2026-11-30; --out keeps the rows measured before a time limit
-  timeout 360 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB \
+  timeout -s ABRT 360 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB \
     --moe-policy adaptive,fetch,cpu,static:auto --routing trace:/tmp/trace.npy --out "$out/decode_a.json" \
     > "$out/decode_a.txt" 2>&1; tail -12 "$out/decode_a.txt"
-  timeout 160 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu,static:auto \
+  timeout -s ABRT 160 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu,static:auto \
     --routing model --out "$out/decode_am.json" > "$out/decode_am.txt" 2>&1; tail -10 "$out/decode_am.txt" ;;
 decode-b)  # issue 4: a locality trace at three budgets, a competing host-memory load, model routing
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
-  timeout 330 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB --moe-policy adaptive,fetch,cpu \
+  timeout -s ABRT 330 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB --moe-policy adaptive,fetch,cpu \
     --routing trace:/tmp/trace.npy --out "$out/decode_b.json" > "$out/decode_b.txt" 2>&1; tail -16 "$out/decode_b.txt"
   for hogs in 6 12; do  # 12 hogs also oversubscribe the 16 cores the executor's 8 threads run on
-    timeout 200 python3 -m freetoken_cli.main bench decode $shape --repeats 5 --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed \
+    timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode $shape --repeats 5 --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed \
       --routing trace:/tmp/trace.npy --contention $hogs --out "$out/decode_c$hogs.json" > "$out/decode_c$hogs.txt" 2>&1
     tail -10 "$out/decode_c$hogs.txt"
   done
-  timeout 90 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu \
+  timeout -s ABRT 90 python3 -m freetoken_cli.main bench decode $shape --expert-budget 8GiB --moe-policy adaptive,fetch,cpu \
     --routing model --out "$out/decode_m.json" > "$out/decode_m.txt" 2>&1; tail -9 "$out/decode_m.txt" ;;
 prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 200-token follow-up
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
