@@ -110,7 +110,8 @@ def load_engine(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     return assemble(config, cfg, model, store, device, dtype, path)
 
 
-def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0) -> Engine:
+def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0,
+                   progress: Callable[[str, int, int], None] | None = None) -> Engine:
     """A random-weight model of a real model's shape (see engine.synthetic)."""
     from engine.synthetic import random_banks, random_dense, synthetic_config
     cfg = synthetic_config(shape, layers)
@@ -125,7 +126,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     model.rope = Rope(cfg.rope, cfg.head_dim, device)
     layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, DTYPES[cfg.dtype])
     store = HostExpertStore.empty(cfg.num_layers, cfg.num_experts, layout)
-    random_banks(store, DTYPES[cfg.dtype], gen)
+    random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
     if device.type == "cuda":
         store.pin()
     return assemble(config, cfg, model, store, device, dtype, None)

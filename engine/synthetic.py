@@ -38,8 +38,10 @@ def random_dense(model: torch.nn.Module, gen: torch.Generator) -> None:
         p.data.copy_(data.to(p.dtype))
 
 
-def random_banks(store, dtype: torch.dtype, gen: torch.Generator, distinct: int = 32) -> None:
-    """Fill the store's rows from a pool of `distinct` random experts (varied per layer)."""
+def random_banks(store, dtype: torch.dtype, gen: torch.Generator, distinct: int = 32,
+                 progress=None) -> None:
+    """Fill the store's rows from a pool of `distinct` random experts (varied per layer);
+    progress(bytes done, total) after each layer."""
     layout = store.layout
     pool = torch.zeros(distinct, layout.slot_bytes, dtype=torch.uint8)
     for v in layout.views(pool).values():
@@ -47,3 +49,5 @@ def random_banks(store, dtype: torch.dtype, gen: torch.Generator, distinct: int 
     for layer, bank in enumerate(store.banks):
         idx = (torch.arange(bank.shape[0]) * 7 + layer * 13) % distinct
         torch.index_select(pool, 0, idx, out=bank)
+        if progress:
+            progress((layer + 1) * bank.numel(), store.nbytes)

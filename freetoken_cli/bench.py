@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import ModelArg, engine_config, user_errors
+from freetoken_cli.common import ModelArg, Progress, engine_config, user_errors
 
 Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny")
 Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
@@ -41,9 +41,7 @@ def decode(model: Optional[str] = ModelArg,
     """Decode tok/s for each miss policy, with hit rate, traffic and the bound."""
     from benchmarks.decode import run
     from engine.config import parse_policy
-    from engine.loader import load_engine, load_synthetic
     from engine.profile import load_or_measure
-    from engine.resolve import ensure_ftw
     from engine.config import parse_size
     policies = [p.strip() for p in moe_policy.split(",") if p.strip()]
     for p in policies:
@@ -54,7 +52,7 @@ def decode(model: Optional[str] = ModelArg,
         check_routing(spec)
     cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context)
     cfg = replace(cfg, expert_budget=budgets[0])
-    engine = load_synthetic(cfg, synthetic, layers) if synthetic else load_engine(cfg, ensure_ftw(model))
+    engine = _load(cfg, model, synthetic, layers)
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
@@ -90,10 +88,8 @@ def prefill(model: Optional[str] = ModelArg,
             out: Optional[Path] = Out):
     """Time to first token per prefill mode, beside the PCIe streaming bound."""
     from benchmarks.prefill import run
-    from engine.loader import load_engine, load_synthetic
     from engine.moe.prefill import PREFILL_MODES
     from engine.profile import load_or_measure
-    from engine.resolve import ensure_ftw
     modes = [m.strip() for m in mode.split(",")]
     from engine.errors import UserError
     if bad := [m for m in modes if m not in PREFILL_MODES]:
@@ -101,7 +97,7 @@ def prefill(model: Optional[str] = ModelArg,
     sizes = [int(n) for n in lengths.split(",")]
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
                         prefill_chunk=prefill_chunk)
-    engine = load_synthetic(cfg, synthetic, layers) if synthetic else load_engine(cfg, ensure_ftw(model))
+    engine = _load(cfg, model, synthetic, layers)
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
     rows = run(engine, cfg, modes, sizes, follow_up, prof)
     if out:
@@ -118,6 +114,18 @@ def prefill(model: Optional[str] = ModelArg,
         t.add_row(r["mode"], r["prompt"], str(r["tokens"]), f"{r['ttft_s']:.3f}", f"{r['bound_s']:.3f}",
                   f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}")
     Console(width=max(150, Console().width)).print(t)
+
+
+def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int]):
+    """The engine to measure, with a progress bar while its experts load (or are built)."""
+    from engine.loader import load_engine, load_synthetic
+    from engine.resolve import ensure_ftw
+    bar = Progress()
+    try:
+        return load_synthetic(cfg, synthetic, layers, progress=bar) if synthetic else \
+            load_engine(cfg, ensure_ftw(model), bar)
+    finally:
+        bar.close()
 
 
 def _table(rows: list[dict], prof: dict, engine, cfg) -> None:
