@@ -72,3 +72,30 @@ def test_memory_hog_stops_when_its_bench_is_gone(tmp_path):
     finally:
         if hog.is_running():
             hog.kill()
+
+
+def test_interleave_runs_each_variant_in_turn_with_its_settings(monkeypatch):
+    """Every repeat runs every variant in the listed order, each with its attributes set while
+    its runtime is built and decoded (and the defaults for the others), and the defaults come
+    back afterwards; a variant naming a missing attribute is refused."""
+    import pytest
+    from benchmarks import interleave
+    from engine.config import EngineConfig, parse_size
+    from engine.loader import load_synthetic
+    from engine.moe import runtime
+    cfg = EngineConfig(model="synthetic", device="cpu", expert_budget=parse_size("1MiB"), cpu_threads=1,
+                       max_context=256, moe_policy="adaptive")
+    engine = load_synthetic(cfg, "tiny")
+    seen, decode = [], interleave.decode_once
+    monkeypatch.setattr(interleave, "decode_once",
+                        lambda *a: seen.append(runtime.SHORT_ROUTES_PER_EXPERT) or decode(*a))
+    default = runtime.SHORT_ROUTES_PER_EXPERT
+    variants = [interleave.parse_variant("base"),
+                interleave.parse_variant("wide:engine.moe.runtime.SHORT_ROUTES_PER_EXPERT=99")]
+    runs = interleave.run(engine, cfg, "uniform", variants, tokens=3, repeats=2,
+                          prof={"h2d_concurrent_gbps": None, "cpu_expert_concurrent_gbps": 10.0}, say=lambda m: None)
+    assert seen == [default, default, 99, 99] * 2                  # warm-up and timed decode, per variant
+    assert runtime.SHORT_ROUTES_PER_EXPERT == default
+    assert {k: len(v) for k, v in runs.items()} == {"base": 2, "wide": 2} and all(t > 0 for v in runs.values() for t in v)
+    with pytest.raises(SystemExit, match="no attribute"):
+        interleave.parse_variant("typo:engine.moe.runtime.NO_SUCH_KNOB=1")

@@ -1,0 +1,95 @@
+"""Decode tok/s of code variants taking turns repeat by repeat in one process, so a drift of the
+host's speed falls on each alike (two trees measured one after the other drift apart by up to
+~13% on the lent machines, more than a small change is worth). A variant sets module attributes
+that the decode path reads when its runtime is built and its graphs captured; each repeat
+rebuilds the runtime for the variant, warms it up, then times the decode.
+
+  python -m benchmarks.interleave --synthetic qwen3-30b-a3b --budget 8GiB --routing trace:FILE \
+      --variant base --variant skip:kernels.plan_triton.SKIP_IDLE=True"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import statistics
+import time
+
+import torch
+
+from benchmarks.decode import decode_once
+from engine.config import EngineConfig, parse_size
+from engine.loader import load_synthetic, rebuild_experts
+from engine.moe.routing import make_routing
+from engine.profile import load_or_measure
+
+
+def parse_variant(spec: str) -> tuple[str, list[tuple[object, str, object]]]:
+    """'NAME[:module.attr=value,...]' -> (NAME, [(module, attr, value)]); the attributes must exist."""
+    name, _, sets = spec.partition(":")
+    out = []
+    for s in filter(None, sets.split(",")):
+        path, _, value = s.partition("=")
+        mod, _, attr = path.rpartition(".")
+        m = importlib.import_module(mod)
+        if not hasattr(m, attr):
+            raise SystemExit(f"variant {name!r}: {mod} has no attribute {attr!r}")
+        out.append((m, attr, ast.literal_eval(value)))
+    return name, out
+
+
+def run(engine, config: EngineConfig, routing: str, variants: list[tuple[str, list]], tokens: int,
+        repeats: int, prof: dict, say=print) -> dict[str, list[float]]:
+    """-> {variant: [tok/s per repeat]}; each repeat runs every variant in turn."""
+    store = engine.runtime.store
+    prompt = torch.randint(0, engine.cfg.vocab_size, (32,), generator=torch.Generator().manual_seed(0)).tolist()
+    defaults = {(m, a): getattr(m, a) for _, sets in variants for m, a, _ in sets}
+    runs: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for r in range(repeats):
+        for name, sets in variants:
+            for (m, a), v in defaults.items():
+                setattr(m, a, v)
+            for m, a, v in sets:
+                setattr(m, a, v)
+            rt = rebuild_experts(engine, store, config, make_routing(routing, len(store.banks), store.n_experts,
+                                                                     engine.cfg.router.top_k))
+            rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"])
+            decode_once(engine, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
+            seconds, _ = decode_once(engine, prompt, tokens)
+            runs[name].append(tokens / seconds)
+            say(f"repeat {r + 1}, {name}: {runs[name][-1]:.2f} tok/s")
+    for (m, a), v in defaults.items():
+        setattr(m, a, v)
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--synthetic", default="qwen3-30b-a3b")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--budget", default="8GiB")
+    ap.add_argument("--policy", default="adaptive")
+    ap.add_argument("--routing", default="model")
+    ap.add_argument("--cpu-threads", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--variant", action="append", required=True, help="NAME[:module.attr=value,...]")
+    a = ap.parse_args()
+    variants = [parse_variant(v) for v in a.variant]
+    t0 = time.time()
+    config = EngineConfig(model="synthetic", device=a.device, expert_budget=parse_size(a.budget),
+                          cpu_threads=a.cpu_threads, max_context=4096, moe_policy=a.policy)
+    engine = load_synthetic(config, a.synthetic, a.layers)
+    print(f"[{time.time() - t0:.0f} s] loaded", flush=True)
+    prof = load_or_measure(a.cpu_threads, say=print)
+    runs = run(engine, config, a.routing, variants, a.tokens, a.repeats, prof,
+               say=lambda m: print(f"[{time.time() - t0:.0f} s] {m}", flush=True))
+    base = statistics.median(runs[variants[0][0]])
+    for name, tok_s in runs.items():
+        med = statistics.median(tok_s)
+        print(f"{name}: median {med:.2f} tok/s ({med / base:.3f}x {variants[0][0]}), "
+              f"repeats {', '.join(f'{t:.2f}' for t in tok_s)}")
+
+
+if __name__ == "__main__":
+    main()
