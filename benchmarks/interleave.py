@@ -2,10 +2,11 @@
 host's speed falls on each alike (two trees measured one after the other drift apart by up to
 ~13% on the lent machines, more than a small change is worth). A variant sets module attributes
 that the decode path reads when its runtime is built and its graphs captured; each repeat
-rebuilds the runtime for the variant, warms it up, then times the decode.
+rebuilds the runtime for the variant, warms it up, then times the decode. For example, with a
+switch `SKIP_IDLE` that a candidate adds to kernels/plan_triton.py:
 
   python -m benchmarks.interleave --synthetic qwen3-30b-a3b --budget 8GiB --routing trace:FILE \
-      --variant base --variant skip:kernels.plan_triton.SKIP_IDLE=True"""
+      --variant skip --variant scan:kernels.plan_triton.SKIP_IDLE=False"""
 from __future__ import annotations
 
 import argparse
