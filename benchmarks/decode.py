@@ -67,14 +67,26 @@ def hbm_gbps(engine: Engine) -> float:
     return 2 * 5 * a.numel() / (time.perf_counter() - t0) / 1e9
 
 
+def decode_runtime(engine: Engine, store, config: EngineConfig, routing: str, prof: dict):
+    """The expert runtime rebuilt for config (budget, policy, graphs) and `routing`, starting from
+    the profile's concurrent bandwidths, q* re-estimated online."""
+    rt = rebuild_experts(engine, store, config,
+                         make_routing(routing, len(store.banks), store.n_experts, engine.cfg.router.top_k))
+    rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"])
+    return rt
+
+
+def random_prompt(engine: Engine, n: int) -> list[int]:
+    """The same n prompt tokens on every call."""
+    return torch.randint(0, engine.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
 def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, prompt: list[int],
                    tokens: int, repeats: int, prof: dict, modes: list[bool]) -> list[dict]:
     """A row per q* mode of one policy (True: re-estimated online, False: fixed at the profile's).
     Several modes share one runtime and take turns repeat by repeat, so a drift in the host's
     speed falls on each alike."""
-    rt = rebuild_experts(engine, store, config,
-                         make_routing(routing, len(store.banks), store.n_experts, engine.cfg.router.top_k))
-    rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"])
+    rt = decode_runtime(engine, store, config, routing, prof)
     est, q0 = rt.estimator, rt.policy.q_star
 
     def use(online: bool) -> None:
@@ -141,8 +153,7 @@ def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], po
         prof: dict, contention: int = 0, say=lambda row: None) -> list[dict]:
     """One row per (load, graph, routing, budget, policy), all on the same engine and prompt;
     say(row) as each is measured."""
-    prompt = torch.randint(0, engine.cfg.vocab_size, (prompt_tokens,),
-                           generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = random_prompt(engine, prompt_tokens)
     dense, hbm = dense_bytes(engine), hbm_gbps(engine)
     rows = []
     for load in ([False, True] if contention else [False]):

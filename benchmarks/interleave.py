@@ -15,12 +15,10 @@ import importlib
 import statistics
 import time
 
-import torch
 
-from benchmarks.decode import decode_once
+from benchmarks.decode import decode_once, decode_runtime, random_prompt
 from engine.config import EngineConfig, parse_size
-from engine.loader import load_synthetic, rebuild_experts
-from engine.moe.routing import make_routing
+from engine.loader import load_synthetic
 from engine.profile import load_or_measure
 
 
@@ -42,7 +40,7 @@ def run(engine, config: EngineConfig, routing: str, variants: list[tuple[str, li
         repeats: int, prof: dict, say=print) -> dict[str, list[float]]:
     """-> {variant: [tok/s per repeat]}; each repeat runs every variant in turn."""
     store = engine.runtime.store
-    prompt = torch.randint(0, engine.cfg.vocab_size, (32,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = random_prompt(engine, 32)
     defaults = {(m, a): getattr(m, a) for _, sets in variants for m, a, _ in sets}
     runs: dict[str, list[float]] = {name: [] for name, _ in variants}
     for r in range(repeats):
@@ -51,9 +49,7 @@ def run(engine, config: EngineConfig, routing: str, variants: list[tuple[str, li
                 setattr(m, a, v)
             for m, a, v in sets:
                 setattr(m, a, v)
-            rt = rebuild_experts(engine, store, config, make_routing(routing, len(store.banks), store.n_experts,
-                                                                     engine.cfg.router.top_k))
-            rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"])
+            decode_runtime(engine, store, config, routing, prof)
             decode_once(engine, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
             seconds, _ = decode_once(engine, prompt, tokens)
             runs[name].append(tokens / seconds)

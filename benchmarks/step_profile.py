@@ -9,10 +9,9 @@ from dataclasses import replace
 
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.decode import decode_once
+from benchmarks.decode import decode_once, decode_runtime
 from engine.config import EngineConfig, parse_size
-from engine.loader import load_synthetic, rebuild_experts
-from engine.moe.routing import make_routing
+from engine.loader import load_synthetic
 from engine.profile import load_or_measure
 
 
@@ -55,8 +54,7 @@ def main(routing: str, layers: int = 12, budget: str = "2GiB", out: str | None =
     for pol, b in (("fetch", cfg.expert_budget), ("adaptive", cfg.expert_budget), ("cpu", cfg.expert_budget),
                    ("fetch", everything)):
         c = replace(cfg, moe_policy=pol, expert_budget=b)
-        rt = rebuild_experts(engine, store, c, make_routing(routing, len(store.banks), store.n_experts, 8))
-        rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1.0, prof["cpu_expert_concurrent_gbps"])
+        decode_runtime(engine, store, c, routing, prof)
         decode_once(engine, prompt, 8)
         dt = decode_once(engine, prompt, 16)[0] / 16
         kind = engine.device.type.upper()

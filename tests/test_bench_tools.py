@@ -99,3 +99,15 @@ def test_interleave_runs_each_variant_in_turn_with_its_settings(monkeypatch):
     assert {k: len(v) for k, v in runs.items()} == {"base": 2, "wide": 2} and all(t > 0 for v in runs.values() for t in v)
     with pytest.raises(SystemExit, match="no attribute"):
         interleave.parse_variant("typo:engine.moe.runtime.NO_SUCH_KNOB=1")
+
+
+def test_synthetic_model_reports_its_progress():
+    """Building a synthetic model's experts reports rising byte counts up to the store's size."""
+    from engine.config import EngineConfig, parse_size
+    from engine.loader import load_synthetic
+    calls = []
+    engine = load_synthetic(EngineConfig(model="synthetic", device="cpu", expert_budget=parse_size("1MiB")), "tiny",
+                            progress=lambda stage, done, total: calls.append((stage, done, total)))
+    total = engine.runtime.store.nbytes
+    assert len(calls) == len(engine.runtime.store.banks) and calls[-1] == ("experts", total, total)
+    assert all(a[1] < b[1] for a, b in zip(calls, calls[1:]))
