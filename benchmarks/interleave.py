@@ -10,6 +10,7 @@ switch `SKIP_IDLE` that a candidate adds to kernels/plan_triton.py:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ast
 import importlib
 import statistics
@@ -64,29 +65,34 @@ def main() -> None:
     ap.add_argument("--synthetic", default="qwen3-30b-a3b")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--budget", default="8GiB")
+    ap.add_argument("--budget", default="8GiB", help="a comma list: each budget in turn, one load")
     ap.add_argument("--policy", default="adaptive")
-    ap.add_argument("--routing", default="model")
+    ap.add_argument("--routing", default="model", help="a comma list, one per budget (or one for all)")
     ap.add_argument("--cpu-threads", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variant", action="append", required=True, help="NAME[:module.attr=value,...]")
     a = ap.parse_args()
     variants = [parse_variant(v) for v in a.variant]
+    budgets, routings = a.budget.split(","), a.routing.split(",")
+    routings = routings * len(budgets) if len(routings) == 1 else routings
+    if len(routings) != len(budgets):
+        raise SystemExit("--routing: give one routing, or one per budget")
     t0 = time.time()
-    config = EngineConfig(model="synthetic", device=a.device, expert_budget=parse_size(a.budget),
+    config = EngineConfig(model="synthetic", device=a.device, expert_budget=parse_size(budgets[0]),
                           cpu_threads=a.cpu_threads, max_context=4096, moe_policy=a.policy)
     engine = load_synthetic(config, a.synthetic, a.layers)
     print(f"[{time.time() - t0:.0f} s] loaded", flush=True)
     prof = load_or_measure(a.cpu_threads, say=print)
-    runs = run(engine, config, a.routing, variants, a.tokens, a.repeats, prof,
-               say=lambda m: print(f"[{time.time() - t0:.0f} s] {m}", flush=True))
-    base = statistics.median(runs[variants[0][0]])
-    for name, tok_s in runs.items():
-        med = statistics.median(tok_s)
-        print(f"{name}: median {med:.2f} tok/s ({med / base:.3f}x {variants[0][0]}), "
-              f"repeats {', '.join(f'{t:.2f}' for t in tok_s)}")
-
+    for budget, routing in zip(budgets, routings):
+        config = dataclasses.replace(config, expert_budget=parse_size(budget))
+        runs = run(engine, config, routing, variants, a.tokens, a.repeats, prof,
+                   say=lambda m: print(f"[{time.time() - t0:.0f} s] {budget} {routing}: {m}", flush=True))
+        base = statistics.median(runs[variants[0][0]])
+        for name, tok_s in runs.items():
+            med = statistics.median(tok_s)
+            print(f"{budget} {routing}, {name}: median {med:.2f} tok/s ({med / base:.3f}x {variants[0][0]}), "
+                  f"repeats {', '.join(f'{t:.2f}' for t in tok_s)}", flush=True)
 
 if __name__ == "__main__":
     main()
