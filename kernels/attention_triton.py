@@ -74,6 +74,61 @@ def _combine_kernel(part_ptr, ml_ptr, o_ptr, D, NSPLIT: tl.constexpr, BLOCK_S: t
     tl.store(o_ptr + row * D + offs_d, o.to(o_ptr.dtype.element_ty), mask=md)
 
 
+@triton.jit
+def _qkv_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr,
+                     Hq, Hkv, D, eps, sx, sc, NORM: tl.constexpr, ROT: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    t, h = tl.program_id(0).to(tl.int64), tl.program_id(1)   # token, head of the fused qkv row
+    offs = tl.arange(0, BLOCK_D)
+    md = offs < D
+    row = qkv_ptr + t * sx + h * D
+    x = tl.load(row + offs, mask=md, other=0.0).to(tl.float32)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if h >= Hq + Hkv:                                        # v: into the cache as it is
+        tl.store(vc_ptr + (slot * Hkv + h - Hq - Hkv) * D + offs, x.to(vc_ptr.dtype.element_ty), mask=md)
+    else:
+        half = ROT // 2
+        part = tl.where(offs < half, offs + half, offs - half)   # rotate-half partner lane
+        mr = offs < ROT
+        xp = tl.load(row + part, mask=mr, other=0.0).to(tl.float32)
+        DT = qkv_ptr.dtype.element_ty
+        if NORM:                                             # rms_norm: round, then scale by w
+            r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+            isq = h < Hq
+            w = tl.where(isq, tl.load(qw_ptr + offs, mask=md, other=0.0), tl.load(kw_ptr + offs, mask=md, other=0.0))
+            wp = tl.where(isq, tl.load(qw_ptr + part, mask=mr, other=0.0), tl.load(kw_ptr + part, mask=mr, other=0.0))
+            x = ((x * r).to(DT).to(tl.float32) * w.to(tl.float32)).to(DT).to(tl.float32)
+            xp = ((xp * r).to(DT).to(tl.float32) * wp.to(tl.float32)).to(DT).to(tl.float32)
+        c = tl.load(cos_ptr + t * sc + offs, mask=mr, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + t * sc + offs, mask=mr, other=0.0).to(tl.float32)
+        y = tl.where(mr, x * c + tl.where(offs < half, -xp, xp) * s, x)
+        if h < Hq:
+            tl.store(q_ptr + (t * Hq + h) * D + offs, y.to(q_ptr.dtype.element_ty), mask=md)
+        else:
+            tl.store(kc_ptr + (slot * Hkv + h - Hq) * D + offs, y.to(kc_ptr.dtype.element_ty), mask=md)
+
+
+def qkv_rope_write(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                   eps: float, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, Hq: int) -> torch.Tensor:
+    """The attention prologue in one launch: qkv [T, (Hq + 2 Hkv) D] -> q [T, Hq, D] with the
+    per-head RMSNorm (weights q_norm, k_norm [D], or None) and the rotary embedding (cos, sin
+    [T, 1, rot]) applied; k (normed, rotated) and v are written into k_cache, v_cache
+    [slots, Hkv, D] at slots [T]. The unfused path: Attention._qkv, apply_rope, KVPool.write."""
+    T = qkv.shape[0]
+    _, Hkv, D = k_cache.shape
+    assert qkv.shape[1] == (Hq + 2 * Hkv) * D and qkv.stride(1) == 1 and cos.stride(-1) == 1
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and cos.shape[-1] % 2 == 0
+    q = torch.empty(T, Hq, D, dtype=qkv.dtype, device=qkv.device)
+    if T:
+        _qkv_rope_kernel[(T, Hq + 2 * Hkv)](
+            qkv, q_norm if q_norm is not None else qkv, k_norm if k_norm is not None else qkv,
+            cos, sin, slots, q, k_cache, v_cache, Hq, Hkv, D, eps, qkv.stride(0), cos.stride(0),
+            NORM=q_norm is not None, ROT=cos.shape[-1], BLOCK_D=triton.next_power_of_2(D),
+            num_warps=1)
+    return q
+
+
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                            page_table: torch.Tensor, ctx_lens: torch.Tensor, scale: float,
                            n_split: int | None = None, block_n: int = 64) -> torch.Tensor:

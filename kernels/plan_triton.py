@@ -58,7 +58,7 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     # victims: the f smallest keys (last_use, slot), protected slots keyed BIG + slot
     hs = tl.where(hitf, slot, -1)                                # [BLOCK_N] protected slots
     cand = tl.where(ln < f, INF, NEG).to(tl.int64)              # [BLOCK_N]; lanes >= f inert
-    for s0 in range(0, S, BLOCK_S):
+    for s0 in range(0, tl.where(f > 0, S, 0), BLOCK_S):       # nothing to fill: no scan
         offs = s0 + tl.arange(0, BLOCK_S)                        # [BLOCK_S] slots
         ms = offs < S
         lu = tl.minimum(tl.load(last_use + offs, mask=ms, other=0).to(tl.int64), LU_MAX)

@@ -54,5 +54,6 @@ def route(logits: torch.Tensor, top_k: int, scoring: str, norm: bool, scaling: f
         _route_kernel[(T,)](logits.contiguous(), bias if bias is not None else logits, w, ids, E, top_k,
                             float(scaling), 1e-20 if scoring == "sigmoid" else 0.0,
                             SIGMOID=scoring == "sigmoid", HAS_BIAS=bias is not None, NORM=norm,
-                            BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k))
+                            BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
+                            num_warps=1)  # one warp: the k extractions reduce within a warp
     return w, ids

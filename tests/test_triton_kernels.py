@@ -244,6 +244,40 @@ def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias):
     _close(w, w_ref.float(), dtype)
 
 
+# ---------------------------------------------------------------- attention prologue
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm,partial", [(True, 1.0), (False, 1.0), (True, 0.5)])
+def test_qkv_rope_write_matches_unfused(dtype, norm, partial):
+    """q/k head norm, (partial) rotary embedding and the KV writes of one launch against the
+    unfused modules' plain functions; cache rows other than the written slots stay untouched."""
+    from engine.layers.norm import rms_norm
+    from engine.layers.rope import Rope, apply_rope
+    from kernels.attention_triton import qkv_rope_write
+    _need(dtype)
+    gen = torch.Generator().manual_seed(7)
+    T, Hq, Hkv, D, S = 3, 4, 2, 32, 10
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=gen).to(dtype)
+    qw, kw = (1 + 0.2 * torch.randn(D, generator=gen)).to(dtype), (1 + 0.2 * torch.randn(D, generator=gen)).to(dtype)
+    rope = Rope({"rope_theta": 10000.0, "partial_rotary_factor": partial}, D, torch.device("cpu"))
+    cos, sin = rope.cos_sin(torch.tensor([5, 0, 17]), dtype)
+    slots = torch.tensor([7, 2, 4])
+    kc, vc = torch.full((S, Hkv, D), 9.0, dtype=dtype), torch.full((S, Hkv, D), 9.0, dtype=dtype)
+    kc_d, vc_d = kc.to(DEV), vc.to(DEV)
+    q = qkv_rope_write(qkv.to(DEV), qw.to(DEV) if norm else None, kw.to(DEV) if norm else None, 1e-6,
+                       cos.to(DEV), sin.to(DEV), slots.to(DEV), kc_d, vc_d, Hq)
+    q32, k32, v32 = (t.float().view(T, -1, D) for t in qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1))
+    if norm:
+        q32, k32 = rms_norm(q32, qw.float(), 1e-6), rms_norm(k32, kw.float(), 1e-6)
+    q32, k32 = apply_rope(q32, cos.float(), sin.float()), apply_rope(k32, cos.float(), sin.float())
+    assert q.dtype == dtype and q.shape == (T, Hq, D)
+    _close(q, q32, dtype)
+    _close(kc_d[slots], k32, dtype)
+    assert torch.equal(vc_d[slots].cpu(), v32.to(dtype))
+    rest = torch.ones(S, dtype=torch.bool)
+    rest[slots] = False
+    assert (kc_d.cpu()[rest] == 9).all() and (vc_d.cpu()[rest] == 9).all()
+
+
 # ---------------------------------------------------------------- CPU-branch staging and merge
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_stage_and_merge_match_torch(dtype):

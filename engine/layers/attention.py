@@ -48,9 +48,17 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, cos, sin) -> torch.Tensor:
-        q, k, v = self._qkv(x)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        kv.write(self.layer, k, v, batch.slots)
+        if x.is_cuda and self.qk_norm != "full" and self.clip is None:
+            from kernels.attention_triton import qkv_rope_write
+            head = self.qk_norm == "head"
+            q = qkv_rope_write(self.qkv_proj(x), self.q_norm.weight if head else None,
+                               self.k_norm.weight if head else None, self.q_norm.eps if head else 0.0,
+                               cos, sin, batch.slots, kv.k[self.layer].view(-1, self.hkv, self.d),
+                               kv.v[self.layer].view(-1, self.hkv, self.d), self.hq)
+        else:
+            q, k, v = self._qkv(x)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            kv.write(self.layer, k, v, batch.slots)
         if q.is_cuda and self.window is None and max(batch.q_lens) == 1:
             from kernels.attention_triton import paged_decode_attention
             o = paged_decode_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
