@@ -3,6 +3,8 @@ branch, merge) captured once per batch size and replayed with the step's inputs 
 static buffers. Needs device-resident expert control (engine.moe.device_control)."""
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from engine.kv.batch import ForwardBatch
@@ -27,11 +29,19 @@ class DecodeGraphs:
                 self._forward(b)
         torch.cuda.current_stream().wait_stream(side)
         pool = torch.cuda.graph_pool_handle()
-        for b in sorted(sizes, reverse=True):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.out[b] = self._forward(b)
-            self.graphs[b] = g
+        # a collection during the capture can free pinned or registered host memory of an engine
+        # dropped earlier (a synchronising call, which invalidates the capture); other threads'
+        # CUDA calls are theirs (thread_local)
+        gc.collect()
+        gc.disable()
+        try:
+            for b in sorted(sizes, reverse=True):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local"):
+                    self.out[b] = self._forward(b)
+                self.graphs[b] = g
+        finally:
+            gc.enable()
 
     def _forward(self, b: int) -> torch.Tensor:
         batch = ForwardBatch(self.ids[:b], self.pos[:b], [1] * b, [1] * b, self.ctx[:b], self.table[:b],
