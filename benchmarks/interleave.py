@@ -3,10 +3,11 @@ host's speed falls on each alike (two trees measured one after the other drift a
 ~13% on the lent machines, more than a small change is worth). A variant sets module attributes
 that the decode path reads when its runtime is built and its graphs captured; each repeat
 rebuilds the runtime for the variant, warms it up, then times the decode. For example, with a
-switch `SKIP_IDLE` that a candidate adds to kernels/plan_triton.py:
+switch `FUSED = True` that a candidate adds to engine/layers/attention.py, every expert resident
+(model routing) and then 8 GiB on a trace, one load:
 
-  python -m benchmarks.interleave --synthetic qwen3-30b-a3b --budget 8GiB --routing trace:FILE \
-      --variant skip --variant scan:kernels.plan_triton.SKIP_IDLE=False"""
+  python -m benchmarks.interleave --synthetic qwen3-30b-a3b --budget 60GiB,8GiB \
+      --routing model,trace:FILE --variant fused --variant unfused:engine.layers.attention.FUSED=False"""
 from __future__ import annotations
 
 import argparse
