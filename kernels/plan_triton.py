@@ -93,6 +93,9 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     tl.store(counts_ptr, n_hit)
     tl.store(counts_ptr + 1, n_miss)
     tl.store(counts_ptr + 2, f)
+    tl.store(counts_ptr + 3, tl.load(counts_ptr + 3) + n_hit)   # running totals: no extra launch
+    tl.store(counts_ptr + 4, tl.load(counts_ptr + 4) + n_miss)
+    tl.store(counts_ptr + 5, tl.load(counts_ptr + 5) + f)
     tl.store(clock_ptr, c)
 
 
@@ -102,12 +105,13 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
          out_fetch: torch.Tensor, out_counts: torch.Tensor, block_s: int | None = None) -> None:
     """ref.plan on device tensors, no host sync. clock [1] int64 is incremented first and the
     new value used (as ExpertRuntime does); q [1] fp32. Writes out_route [T, K] (-1 = CPU),
-    out_victims / out_fetch [>= min(T*K, S)] (F entries, then -1), out_counts [3] =
-    (hits, misses, F). Tables are updated in place exactly as ref.plan does."""
+    out_victims / out_fetch [>= min(T*K, S)] (F entries, then -1), out_counts [6] =
+    (hits, misses, F) of this step, then the same three summed over steps (added to in place).
+    Tables are updated in place exactly as ref.plan does."""
     N, S = ids.numel(), owner_of.numel()
     n_out = out_victims.numel()
     assert N <= 256 and S < 2 ** _IDX and out_fetch.numel() == n_out >= min(N, S)
-    assert out_route.is_contiguous() and out_route.numel() == N and out_counts.numel() >= 3
+    assert out_route.is_contiguous() and out_route.numel() == N and out_counts.numel() >= 6
     block_n = max(16, triton.next_power_of_2(N))
     block_s = block_s or min(triton.next_power_of_2(S), max(64, 16384 // block_n))
     _plan_kernel[(1,)](ids.contiguous(), slot_of, owner_of, last_use, seen, clock, q, out_route,
@@ -128,7 +132,7 @@ def bench_plan(T: int = 1, K: int = 8, S: int = 800, E: int = 128, L: int = 48,
     ids = [torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(T)]) for _ in range(steps)]
     route = torch.empty(T, K, dtype=torch.int64, device=dev)
     vic, fetch = (torch.empty(T * K, dtype=torch.int64, device=dev) for _ in range(2))
-    counts = torch.empty(3, dtype=torch.int64, device=dev)
+    counts = torch.zeros(6, dtype=torch.int64, device=dev)
     step = [0]
 
     def one():

@@ -172,7 +172,9 @@ def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0):
     dev = [t.clone().to(DEV) for t in host]                      # never aliases host
     clock, qt = torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([q], dtype=torch.float64, device=DEV)
     n_out = t_max * K
-    out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (n_out, n_out, 3)]
+    out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (n_out, n_out, 6)]
+    out[2].zero_()
+    totals = [0, 0, 0]
     for step in range(1, steps + 1):
         T = int(torch.randint(1, t_max + 1, (1,), generator=gen))
         ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
@@ -183,7 +185,8 @@ def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0):
         f = vic.numel()
         pad = torch.full((n_out - f,), -1, dtype=torch.int64)
         assert clock.item() == step
-        assert out[2].tolist() == [hits, misses, f], step
+        totals = [a + b for a, b in zip(totals, (hits, misses, f))]
+        assert out[2].tolist() == [hits, misses, f, *totals], step
         assert torch.equal(route.cpu(), r_route), step
         assert torch.equal(out[0].cpu(), torch.cat([vic, pad])), step
         assert torch.equal(out[1].cpu(), torch.cat([fetch, pad])), step
@@ -216,12 +219,13 @@ def test_plan_split_fetch_and_capacity():
             slot_of, owner_of, last_use, seen = (t.to(DEV) for t in _tables(1, E, S))
             slot_of[:2], owner_of[:2] = torch.arange(2), torch.arange(2)    # experts 0, 1 hit
             ids = torch.arange(M + 2).view(1, -1)
-            out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (M + 2, M + 2, M + 2, 3)]
+            out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (M + 2, M + 2, M + 2)]
+            out.append(torch.tensor([0, 0, 0, 4, 5, 6], device=DEV))   # totals so far
             plan(ids.to(DEV), 0, E, slot_of, owner_of, last_use, seen,
                  torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([q], device=DEV),
                  out[0].view(1, -1), *out[1:])
             f = min(ref.split_fetch(M, float(torch.tensor(q))), S - 2)
-            assert out[3].tolist() == [2, M, f], (q, M)
+            assert out[3].tolist() == [2, M, f, 6, 5 + M, 6 + f], (q, M)
             assert set(out[1][:f].tolist()) == set(range(2, 2 + f))   # LRU: empty slots first
 
 

@@ -76,7 +76,9 @@ class DeviceControl:
         n = max_tokens * top_k
         i64 = dict(dtype=torch.int64, device=dev)
         self.route, self.victims, self.fetch = (torch.empty(n, **i64) for _ in range(3))
-        self.counts, self.stats = torch.zeros(3, **i64), torch.zeros(3, **i64)  # hits, misses, fetched
+        # (hits, misses, fetched) of the last layer step, then summed since the last collect
+        self.counts = torch.zeros(6, **i64)
+        self.stats = self.counts[3:]
         self.q = torch.ones(n_layers, dtype=torch.float64, device=dev)  # float64: the host's split rule exactly
         self.q_host = [1.0] * n_layers
         self.poller = None
@@ -131,7 +133,8 @@ class DeviceControl:
         route.copy_(r)
         self.victims[:n].fill_(-1)[:len(v)].copy_(v)
         self.fetch[:n].fill_(-1)[:len(f)].copy_(f)
-        self.counts.copy_(torch.tensor([hits, misses, len(v)]))
+        self.counts[:3].copy_(torch.tensor([hits, misses, len(v)]))
+        self.counts[3:] += self.counts[:3]
 
     def forward(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """One MoE layer step of a decode batch, no host sync on CUDA."""
@@ -140,7 +143,6 @@ class DeviceControl:
         n = T * K
         route = self.route[:n].view(T, K)
         self._plan(ids, layer, route, n)
-        self.stats += self.counts
         may_cpu = rt.policy.may_cpu(layer)
         if may_cpu:
             out_h = self._cpu_start(layer, x, ids, route, weights)
