@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from engine.kv.batch import ForwardBatch
-from engine.layers.norm import rms_norm
+from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rope import apply_rope
 from engine.models.base import ModelConfig
 from kernels import ref
@@ -19,6 +19,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+    def add(self, h: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (h + delta, its norm); delta None: (h, norm of h)."""
+        if delta is None:
+            return h, self(h)
+        return add_rms_norm(h, delta, self.weight, self.eps)
 
 
 class Attention(nn.Module):

@@ -34,10 +34,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, batch, kv, cos, sin, prefill: bool):
-        h = h + self.self_attn(self.input_layernorm(h), batch, kv, cos, sin)
-        x = self.post_attention_layernorm(h)
-        return h + (self.mlp(x, prefill) if isinstance(self.mlp, MoEBlock) else self.mlp(x))
+    def forward(self, h, delta, batch, kv, cos, sin, prefill: bool):
+        """-> (the residual stream, this layer's MLP output, which the next norm adds to it)."""
+        h, x = self.input_layernorm.add(h, delta)
+        h, x = self.post_attention_layernorm.add(h, self.self_attn(x, batch, kv, cos, sin))
+        return h, (self.mlp(x, prefill) if isinstance(self.mlp, MoEBlock) else self.mlp(x))
 
 
 class Backbone(nn.Module):
@@ -66,7 +67,8 @@ class CausalLM(nn.Module):
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rope.cos_sin(batch.positions, h.dtype)
         prefill = max(batch.q_lens) > 1
+        delta = None
         for layer in self.model.layers:
-            h = layer(h, batch, kv, cos, sin, prefill)
-        h = self.model.norm(h[batch.logit_rows])
+            h, delta = layer(h, delta, batch, kv, cos, sin, prefill)
+        _, h = self.model.norm.add(h[batch.logit_rows], delta[batch.logit_rows])
         return self.lm_head(h).float()
