@@ -11,8 +11,8 @@ switch `FUSED = True` that a candidate adds to engine/layers/attention.py, every
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import ast
+import dataclasses
 import importlib
 import statistics
 import time
@@ -94,6 +94,7 @@ def main() -> None:
             med = statistics.median(tok_s)
             print(f"{budget} {routing}, {name}: median {med:.2f} tok/s ({med / base:.3f}x {variants[0][0]}), "
                   f"repeats {', '.join(f'{t:.2f}' for t in tok_s)}", flush=True)
+
 
 if __name__ == "__main__":
     main()
