@@ -53,9 +53,14 @@ def run(engine, config: EngineConfig, routing: str, variants: list[tuple[str, li
                 setattr(m, a, v)
             decode_runtime(engine, store, config, routing, prof)
             decode_once(engine, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
-            seconds, _ = decode_once(engine, prompt, tokens)
+            seconds, c = decode_once(engine, prompt, tokens)
             runs[name].append(tokens / seconds)
-            say(f"repeat {r + 1}, {name}: {runs[name][-1]:.2f} tok/s")
+            rt = engine.runtime
+            say(f"repeat {r + 1}, {name}: {runs[name][-1]:.2f} tok/s, hits "
+                f"{c['hits'] / max(1, c['hits'] + c['misses']):.1%}, MB per token filled "
+                f"{c['bytes_filled'] / tokens / 1e6:.1f} / CPU {c['bytes_cpu'] / tokens / 1e6:.1f}, q* "
+                f"{rt.policy.q_star:.3f}" + (f" (B_P {rt.estimator.b_p / 1e9:.1f}, B_H {rt.estimator.b_h / 1e9:.1f} GB/s)"
+                                             if rt.estimator else ""))
     for (m, a), v in defaults.items():
         setattr(m, a, v)
     return runs
