@@ -1,7 +1,7 @@
 """CUDA stream memory operations through libcuda (ctypes): a stream waits for a 32-bit value in
 mapped pinned host memory. The wait is captured into CUDA graphs like any other stream work,
-which lets a graph wait for the CPU expert branch's answer (kernels.stage_triton.signal is the
-other direction)."""
+which lets a graph wait for the CPU expert branch's answer (a release store at system scope at
+the end of the plan and fill kernels is the other direction)."""
 from __future__ import annotations
 
 import ctypes

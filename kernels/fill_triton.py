@@ -10,7 +10,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _fill_kernel(src_ptr, dst_ptr, vic_ptr, fetch_ptr, base, W, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+def _fill_kernel(src_ptr, dst_ptr, vic_ptr, fetch_ptr, base, W, cnt_ptr, flag_ptr, value,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, SIGNAL: tl.constexpr):
     i, c = tl.program_id(0), tl.program_id(1)
     slot = tl.load(vic_ptr + i).to(tl.int64)
     row = (tl.load(fetch_ptr + i) + base).to(tl.int64)
@@ -20,16 +21,23 @@ def _fill_kernel(src_ptr, dst_ptr, vic_ptr, fetch_ptr, base, W, CHUNK: tl.conste
         m = o < W
         v = tl.load(src_ptr + row * W + o, mask=m)
         tl.store(dst_ptr + slot * W + o, v, mask=m)
+    if SIGNAL:  # the last program to finish writes the flag (and re-arms the counter)
+        if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) * tl.num_programs(1) - 1:
+            tl.store(cnt_ptr, 0)
+            tl.atomic_xchg(flag_ptr, value, sem="release", scope="sys")
 
 
 def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch: torch.Tensor,
-              base: int, chunk_words: int = 1 << 16) -> None:
+              base: int, chunk_words: int = 1 << 16, signal=None) -> None:
     """src [N, B] uint8 (pinned host), dst [S, B] uint8 (device); victims, fetch [F'] int64 padded
-    with -1: dst[victims[i]] = src[base + fetch[i]]."""
+    with -1: dst[victims[i]] = src[base + fetch[i]]. signal = (counter [1] int32 on the device,
+    zero; flag [1] int32 in mapped host memory; value): flag = value once every copy is done."""
     words = src.shape[1] // 8
     s64, d64 = src.view(torch.int64), dst.view(torch.int64)
     grid = (victims.numel(), triton.cdiv(words, chunk_words))
-    _fill_kernel[grid](s64, d64, victims, fetch, base, words, CHUNK=chunk_words, BLOCK=min(4096, chunk_words))
+    cnt, flag, value = signal or (victims, victims, 0)
+    _fill_kernel[grid](s64, d64, victims, fetch, base, words, cnt, flag, value, CHUNK=chunk_words,
+                       BLOCK=min(4096, chunk_words), SIGNAL=signal is not None)
 
 
 def bench_fill(n: int = 8, slot_bytes: int = 9 << 20, rows: int = 64) -> dict:

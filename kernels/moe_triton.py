@@ -65,16 +65,17 @@ _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.
 
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 slots: torch.Tensor, weights: torch.Tensor, act: str = "silu",
-                blocks: tuple[int, int, int, int] = (4, 1024, 8, 512)) -> torch.Tensor:
+                blocks: tuple[int, int, int, int] = (4, 1024, 8, 512), reduce: bool = True) -> torch.Tensor:
     """x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I] (slot-strided views, inner dims
-    contiguous); slots [T, K] (-1 = elsewhere); weights [T, K] -> [T, H] float32.
+    contiguous); slots [T, K] (-1 = elsewhere); weights [T, K] -> [T, H] float32 (without
+    reduce: the weighted routes [T, K, H], for a consumer that sums them itself).
     blocks = (BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B."""
     if act != "silu":
         raise ValueError(f"unknown expert activation {act!r}")
     T, H = x.shape
     K, I = slots.shape[1], w_down.shape[2]
     if T * K == 0:
-        return torch.zeros(T, H, dtype=torch.float32, device=x.device)
+        return torch.zeros((T, H) if reduce else (T, K, H), dtype=torch.float32, device=x.device)
     assert w_gate_up.shape[1:] == (2 * I, H) and w_down.shape[1] == H
     assert w_gate_up.stride(2) == 1 and w_down.stride(2) == 1 and x.stride(1) == 1
     slots, weights = slots.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
@@ -87,7 +88,7 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     _down_kernel[(T * K, triton.cdiv(H, bo))](
         h, w_down, slots, weights, y, H, I, w_down.stride(0), w_down.stride(1), XDT=_TL[x.dtype],
         BLOCK_O=bo, BLOCK_I=bi2)
-    return y.view(T, K, H).sum(1)
+    return y.view(T, K, H).sum(1) if reduce else y.view(T, K, H)
 
 
 def moe_experts_auto(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,

@@ -27,6 +27,16 @@ def test_fill_kernel_matches_reference():
     fill_rows(src, got, victims, fetch, base=4, chunk_words=1024)
     assert torch.equal(got.cpu(), want)
     assert torch.equal(want[4], src[6]) and torch.equal(want[1], src[9]) and not want[0].any()
+    # with a signal, the last program to finish writes the flag and re-arms the counter
+    count, flag = torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(1, dtype=torch.int32)
+    if cuda:
+        flag = flag.pin_memory()
+    got.zero_()
+    for value in (7, 9):
+        fill_rows(src, got, victims, fetch, base=4, chunk_words=1024, signal=(count, flag, value))
+        if cuda:
+            torch.cuda.synchronize()
+        assert torch.equal(got.cpu(), want) and flag.item() == value and count.item() == 0
 
 
 @pytest.mark.gpu

@@ -86,6 +86,8 @@ def test_moe_experts_dead_routes_and_auto():
     _close(got, ref.moe_experts(x.cpu(), wgu.cpu(), wd.cpu(), slots.cpu(),
                                 torch.nan_to_num(w).cpu()), torch.float32)
     assert got[0].abs().max() == 0 and got[1].abs().max() > 0
+    per_route = moe_experts(x, wgu, wd, slots, torch.nan_to_num(w), reduce=False)
+    assert per_route.shape == (T, K, H) and torch.equal(per_route.sum(1), moe_experts(x, wgu, wd, slots, torch.nan_to_num(w)))
 
 
 @pytest.mark.gpu
@@ -211,6 +213,31 @@ def test_plan_prefill_sized_step():
     _plan_sequence(0.6, L=2, E=64, K=8, S=100, t_max=32, steps=6, block_s=32, seed=8)
 
 
+@pytest.mark.parametrize("T", [1, 3])
+def test_plan_stages_the_cpu_branch(T):
+    """With stage, the plan launch also writes the CPU branch's inputs (stage_cpu_inputs) and
+    then its go flag (signal), from the routes it just planned."""
+    gen = torch.Generator().manual_seed(12)
+    L, E, K, S, H, Tmax = 2, 8, 3, 5, 1100, 4
+    dev = [t.to(DEV) for t in _tables(L, E, S)]
+    clock, qt = torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([0.5], dtype=torch.float64, device=DEV)
+    host = dict(pin_memory=True) if CUDA else {}
+    x_h, ids_h = torch.zeros(Tmax, H, **host), torch.full((Tmax, K), -5, dtype=torch.int64, **host)
+    w_h, n_h, go = torch.zeros(Tmax, K, **host), torch.zeros(1, dtype=torch.int64, **host), torch.zeros(1, dtype=torch.int32, **host)
+    out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (T * K, T * K, 6)]
+    for step in range(1, 6):
+        ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)]).to(DEV)
+        x, w = torch.randn(T, H, generator=gen).to(DEV), torch.rand(T, K, generator=gen).to(DEV)
+        route = torch.empty(T, K, dtype=torch.int64, device=DEV)
+        plan(ids, step % L, E, *dev, clock, qt, route, *out, stage=(x, w, x_h, ids_h, w_h, n_h, go, 100 + step))
+        if CUDA:
+            torch.cuda.synchronize()
+        assert torch.equal(ids_h[:T], torch.where(route < 0, ids, -1).cpu()) and (ids_h[T:] == -5).all()
+        assert torch.equal(x_h[:T], x.cpu()) and torch.equal(w_h[:T], w.cpu()) and n_h.item() == out[2][2].item()
+        assert go.item() == 100 + step
+    assert (ids_h[:T] >= 0).any() and (ids_h[:T] < 0).any()     # both sides were staged
+
+
 def test_plan_split_fetch_and_capacity():
     """F for every M of one step against ref.split_fetch, and the cap by unprotected slots."""
     E, S = 16, 6
@@ -282,32 +309,26 @@ def test_qkv_rope_write_matches_unfused(dtype, norm, partial):
     assert (kc_d.cpu()[rest] == 9).all() and (vc_d.cpu()[rest] == 9).all()
 
 
-# ---------------------------------------------------------------- CPU-branch staging and merge
+# ---------------------------------------------------------------- CPU-branch merge
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_stage_and_merge_match_torch(dtype):
-    """Staging into (host) buffers and merging the host partial sum back, against plain torch."""
+def test_merge_matches_torch(dtype):
+    """The host partial sum merged back (and the routes summed), against plain torch; the
+    answer flag is re-armed."""
     _need(dtype)
-    from kernels.stage_triton import merge_cpu_output, signal, stage_cpu_inputs
+    from kernels.merge_triton import merge_cpu_output
     gen = torch.Generator().manual_seed(3)
     T, K, H, Tmax = 3, 6, 1100, 4                                  # H not a multiple of the block
-    x = torch.randn(T, H, generator=gen).to(dtype)
-    ids = torch.randint(0, 64, (T, K), generator=gen)
-    route = torch.where(torch.rand(T, K, generator=gen) < 0.5, -1, 7)
-    w = torch.rand(T, K, generator=gen).to(dtype)
     host = dict(pin_memory=True) if CUDA else {}
-    x_h, ids_h = torch.zeros(Tmax, H, dtype=dtype, **host), torch.full((Tmax, K), -5, dtype=torch.int64, **host)
-    w_h, n_h = torch.zeros(Tmax, K, **host), torch.zeros(1, dtype=torch.int64, **host)
-    n = torch.tensor([5], device=DEV)
-    stage_cpu_inputs(x.to(DEV), ids.to(DEV), route.to(DEV), w.to(DEV), n, x_h, ids_h, w_h, n_h)
-    if CUDA:
-        torch.cuda.synchronize()
-    assert torch.equal(x_h[:T], x) and torch.equal(ids_h[:T], torch.where(route < 0, ids, -1))
-    assert torch.equal(w_h[:T], w.float()) and (ids_h[T:] == -5).all() and n_h.item() == 5
     out, out_h = torch.randn(T, H, generator=gen), torch.randn(Tmax, H, generator=gen)
     flags = torch.tensor([3, 7], dtype=torch.int32, **host)         # go, done
     y = merge_cpu_output(out.to(DEV), out_h.pin_memory() if CUDA else out_h, dtype, flags[1:2])
-    signal(flags[0:1], 5 | (T << 20))
     if CUDA:
         torch.cuda.synchronize()
     assert y.dtype == dtype and torch.equal(y.cpu(), (out + out_h[:T]).to(dtype))
-    assert flags.tolist() == [5 | (T << 20), 0]                      # signalled; the answer re-armed
+    assert flags.tolist() == [3, 0]                                 # the answer re-armed
+    per_route = torch.randn(T, K, H, generator=gen)                  # summed over the routes here
+    y = merge_cpu_output(per_route.to(DEV), out_h.pin_memory() if CUDA else out_h, torch.float32, flags[1:2])
+    want = out_h[:T].clone()
+    for k in range(K):
+        want += per_route[:, k]
+    torch.testing.assert_close(y.cpu(), want, rtol=1e-6, atol=1e-6)

@@ -2,8 +2,10 @@
 MoE layer step runs plan kernel -> fills -> experts -> CPU branch -> merge with no host sync, so
 the whole decode step can be captured in a CUDA graph. q* is device data (one value per layer),
 changed between steps without recapture. The CPU branch is signalled through flags in mapped
-pinned memory that a C++ poller answers; the poller also times the step's fills (a flag the
-stream writes after them), so B_P is re-estimated in graph mode too. On the CPU (tests) the same steps run with the plain
+pinned memory that a C++ poller answers: the plan launch stages the CPU routes' inputs and
+writes `go`; the fill's last program writes `fill`, against which the poller times the step's
+fills (B_P online in graph mode too); the stream waits for `done`, and the merge adds the CPU's
+partial sum to the routes computed here. On the CPU (tests) the same steps run with the plain
 torch references, so the buffer logic is exercised without a GPU."""
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ class DeviceControl:
         self.w_h = torch.zeros(max_tokens, top_k, dtype=torch.float32, **pin)
         self.out_h = torch.zeros(max_tokens, H, dtype=torch.float32, **pin)
         self.done = device_ptr(self.flags) + 4                                    # waited for by the stream
+        self.fill_count = torch.zeros(1, dtype=torch.int32, device=self.dev)      # programs of a fill done
         self.poller = rt.cpu.poller(self.flags, self.nfill, self.x_h, self.ids_h, self.w_h, self.out_h,
                                     [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views])
 
@@ -121,12 +124,12 @@ class DeviceControl:
         stats.bytes_filled += fetched * slot_bytes
         stats.bytes_cpu += (misses - fetched) * slot_bytes
 
-    def _plan(self, ids: torch.Tensor, layer: int, route: torch.Tensor, n: int) -> None:
+    def _plan(self, ids: torch.Tensor, layer: int, route: torch.Tensor, n: int, stage=None) -> None:
         t, E = self.rt.cache.tables, self.rt.cache.n_experts
         if self.cuda:
             from kernels.plan_triton import plan
             plan(ids, layer, E, *t.tensors, t.clock, self.q[layer:layer + 1], route, self.victims[:n],
-                 self.fetch[:n], self.counts)
+                 self.fetch[:n], self.counts, stage=stage)
             return
         t.clock += 1  # the reference, padded like the kernel's outputs
         r, v, f, hits, misses = ref.plan(ids, layer, E, *t.tensors, int(t.clock), self.q_host[layer])
@@ -142,45 +145,34 @@ class DeviceControl:
         T, K = ids.shape
         n = T * K
         route = self.route[:n].view(T, K)
-        self._plan(ids, layer, route, n)
-        may_cpu = rt.policy.may_cpu(layer)
-        if may_cpu:
-            out_h = self._cpu_start(layer, x, ids, route, weights)
-        self._fill(layer, n)
-        if may_cpu and self.cuda:  # the poller times the fills from go to here (B_P online)
-            from kernels.stage_triton import signal
-            signal(self.flags[2:3], (layer + 1) | (T << 20))
-        out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act)
-        return self._cpu_finish(layer, out, out_h, x.dtype) if may_cpu else out.to(x.dtype)
+        signals = rt.policy.may_cpu(layer) and self.cuda
+        go = (layer + 1) | (T << 20)  # this step's value of the CPU branch's flags
+        self._plan(ids, layer, route, n, (x.contiguous(), weights.contiguous(), self.x_h, self.ids_h, self.w_h,
+                                          self.nfill, self.flags[0:1], go) if signals else None)
+        self._fill(layer, n, (self.fill_count, self.flags[2:3], go) if signals else None)
+        if signals and n <= 64:  # the merge sums the routes
+            from kernels.moe_triton import moe_experts
+            out = moe_experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act, reduce=False)
+        else:
+            out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act)
+        if signals:
+            from kernels.cuda_memops import wait_value
+            from kernels.merge_triton import merge_cpu_output
+            wait_value(self.done, go)
+            return merge_cpu_output(out, self.out_h, x.dtype, self.flags[1:2])
+        if rt.policy.may_cpu(layer):  # tests: the executor directly, same inputs
+            v, out_h = rt.store.views[layer], torch.empty(x.shape, dtype=torch.float32)
+            rt.cpu.run(x, v["gate_up"], v["down"], torch.where(route < 0, ids, -1), weights.float(), out_h)
+            out = out + out_h
+        return out.to(x.dtype)
 
-    def _fill(self, layer: int, n: int) -> None:
+    def _fill(self, layer: int, n: int, signal=None) -> None:
         base = layer * self.rt.cache.n_experts
         if self.cuda:
             from kernels.fill_triton import fill_rows
-            fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base)
+            fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base, signal=signal)
         else:
             ref.fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base)
-
-    def _cpu_start(self, layer: int, x, ids, route, weights):
-        """Start the CPU routes (route -1) of this layer step."""
-        if not self.cuda:  # tests: the executor directly, same inputs
-            v = self.rt.store.views[layer]
-            out = torch.empty(x.shape, dtype=torch.float32)
-            self.rt.cpu.run(x, v["gate_up"], v["down"], torch.where(route < 0, ids, -1), weights.float(), out)
-            return out
-        from kernels.stage_triton import signal, stage_cpu_inputs
-        stage_cpu_inputs(x, ids, route, weights, self.counts[2:3], self.x_h, self.ids_h, self.w_h, self.nfill)
-        signal(self.flags[0:1], (layer + 1) | (x.shape[0] << 20))
-        return None
-
-    def _cpu_finish(self, layer: int, out, out_h, dtype):
-        """out (the GPU's routes, fp32) + the CPU's partial sum -> dtype."""
-        if not self.cuda:
-            return (out + out_h).to(dtype)
-        from kernels.cuda_memops import wait_value
-        from kernels.stage_triton import merge_cpu_output
-        wait_value(self.done, (layer + 1) | (out.shape[0] << 20))
-        return merge_cpu_output(out, self.out_h, dtype, self.flags[1:2])
 
     def close(self) -> None:
         if self.poller is not None:
