@@ -92,10 +92,11 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
 
 
 def moe_experts_auto(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                     slots: torch.Tensor, weights: torch.Tensor, act: str = "silu") -> torch.Tensor:
-    """The Triton kernel for decode-sized batches on CUDA (T*K <= 64), the reference otherwise."""
+                     slots: torch.Tensor, weights: torch.Tensor, act: str = "silu", reduce: bool = True) -> torch.Tensor:
+    """The Triton kernel for decode-sized batches on CUDA (T*K <= 64), the reference otherwise
+    (which always returns the sum over the routes, whatever reduce asks)."""
     if x.is_cuda and slots.numel() <= 64:
-        return moe_experts(x, w_gate_up, w_down, slots, weights, act)
+        return moe_experts(x, w_gate_up, w_down, slots, weights, act, reduce=reduce)
     return ref.moe_experts(x, w_gate_up, w_down, slots, weights, act)
 
 

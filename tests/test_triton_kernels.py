@@ -88,6 +88,8 @@ def test_moe_experts_dead_routes_and_auto():
     assert got[0].abs().max() == 0 and got[1].abs().max() > 0
     per_route = moe_experts(x, wgu, wd, slots, torch.nan_to_num(w), reduce=False)
     assert per_route.shape == (T, K, H) and torch.equal(per_route.sum(1), moe_experts(x, wgu, wd, slots, torch.nan_to_num(w)))
+    auto = moe_experts_auto(x, wgu, wd, slots, torch.nan_to_num(w), reduce=False)
+    assert auto.shape == ((T, K, H) if CUDA else (T, H))          # the reference always sums
 
 
 @pytest.mark.gpu

@@ -145,22 +145,20 @@ class DeviceControl:
         T, K = ids.shape
         n = T * K
         route = self.route[:n].view(T, K)
-        signals = rt.policy.may_cpu(layer) and self.cuda
+        may_cpu = rt.policy.may_cpu(layer)
+        signals = may_cpu and self.cuda
         go = (layer + 1) | (T << 20)  # this step's value of the CPU branch's flags
         self._plan(ids, layer, route, n, (x.contiguous(), weights.contiguous(), self.x_h, self.ids_h, self.w_h,
                                           self.nfill, self.flags[0:1], go) if signals else None)
         self._fill(layer, n, (self.fill_count, self.flags[2:3], go) if signals else None)
-        if signals and n <= 64:  # the merge sums the routes
-            from kernels.moe_triton import moe_experts
-            out = moe_experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act, reduce=False)
-        else:
-            out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act)
-        if signals:
+        if signals:  # the merge sums the routes (moe_experts_auto on CUDA) and adds the CPU's part
             from kernels.cuda_memops import wait_value
             from kernels.merge_triton import merge_cpu_output
+            out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act, reduce=False)
             wait_value(self.done, go)
             return merge_cpu_output(out, self.out_h, x.dtype, self.flags[1:2])
-        if rt.policy.may_cpu(layer):  # tests: the executor directly, same inputs
+        out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act)
+        if may_cpu:  # tests: the executor directly, same inputs
             v, out_h = rt.store.views[layer], torch.empty(x.shape, dtype=torch.float32)
             rt.cpu.run(x, v["gate_up"], v["down"], torch.where(route < 0, ids, -1), weights.float(), out_h)
             out = out + out_h
