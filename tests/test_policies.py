@@ -95,6 +95,15 @@ def test_profile_json():
     assert {"gpu", "cpu", "physical_cores", "ram_gib", "pcie_gen", "pcie_width"} <= set(res["machine"])
 
 
+def test_profile_takes_the_median_run():
+    """A pair comes from one run (the one with the median sum), not mixed across runs."""
+    from engine.profile import median_run
+    runs = iter([(50.0, 68.0), (49.0, 54.0), (52.0, 56.0)])
+    assert median_run(lambda: next(runs), 3) == (52.0, 56.0)
+    runs = iter([3.0, 9.0, 1.0])
+    assert median_run(lambda: next(runs), 3) == 3.0
+
+
 def test_profile_working_set_exceeds_the_last_level_cache(tmp_path):
     """B_H is measured over 3x the L3 (summed over the caches that distinct CPU sets share)."""
     from engine.profile import llc_bytes
