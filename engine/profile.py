@@ -155,7 +155,7 @@ def median_run(measure_once, n: int):
 
 
 def measure(quick: bool = False, threads: int | None = None) -> dict:
-    """Full profile (~45 s: the median of three runs of each measurement), or a quick one
+    """Full profile (~25 s: the median of three runs of each measurement), or a quick one
     (< 3 s) when no saved profile fits this machine."""
     cuda = torch.cuda.is_available()
     secs, reps = (0.3, 1) if quick else (2.0, 3)
