@@ -147,11 +147,10 @@ def linear_h2d_gbps(nbytes: int = 1 << 30, repeats: int = 3) -> float:
     return best
 
 
-def median_run(measure_once, n: int):
-    """The median of n runs of measure_once() (a pair: the run with the median sum, so both
-    values come from one run): two seconds of the host's bandwidth vary by ~20% run to run."""
-    runs = sorted((measure_once() for _ in range(n)), key=lambda r: sum(r) if isinstance(r, tuple) else r)
-    return runs[len(runs) // 2]
+def median_run(measure_once, n: int, key=None):
+    """The result of n runs of measure_once() that is the median by key (a pair, by its sum:
+    both values from one run); two seconds of the host's bandwidth vary by ~20% run to run."""
+    return sorted((measure_once() for _ in range(n)), key=key)[n // 2]
 
 
 def measure(quick: bool = False, threads: int | None = None) -> dict:
@@ -166,7 +165,7 @@ def measure(quick: bool = False, threads: int | None = None) -> dict:
     res["cpu_expert_gbps"] = median_run(lambda: b.cpu_experts(secs), reps)
     res["h2d_gbps"] = median_run(lambda: b.h2d(secs), reps) if cuda else None
     if cuda:
-        res["h2d_concurrent_gbps"], res["cpu_expert_concurrent_gbps"] = median_run(lambda: b.concurrent(secs), reps)
+        res["h2d_concurrent_gbps"], res["cpu_expert_concurrent_gbps"] = median_run(lambda: b.concurrent(secs), reps, key=sum)
     else:
         res["h2d_concurrent_gbps"], res["cpu_expert_concurrent_gbps"] = None, res["cpu_expert_gbps"]
     res["stream_read_gbps"] = None if quick else stream_read_gbps()

@@ -99,7 +99,7 @@ def test_profile_takes_the_median_run():
     """A pair comes from one run (the one with the median sum), not mixed across runs."""
     from engine.profile import median_run
     runs = iter([(50.0, 68.0), (49.0, 54.0), (52.0, 56.0)])
-    assert median_run(lambda: next(runs), 3) == (52.0, 56.0)
+    assert median_run(lambda: next(runs), 3, key=sum) == (52.0, 56.0)
     runs = iter([3.0, 9.0, 1.0])
     assert median_run(lambda: next(runs), 3) == 3.0
 
