@@ -78,6 +78,32 @@ def test_estimator_moves_q_under_contention():
     assert est.q_star > 0.75
 
 
+def test_probe_times_the_cpu_when_no_step_uses_it(tiny_model):
+    """Graph decode whose steps send nothing to the CPU (its B_H looked too low) times one expert
+    there after PROBE_STEPS steps, off the critical path, and folds it into B_H; steps with CPU
+    jobs never probe."""
+    from types import SimpleNamespace
+
+    from engine.moe import runtime as rt_mod
+    _, _, ftw = tiny_model("qwen3_moe")
+    rt = load(ftw, moe_policy="adaptive").runtime
+    rt.estimator = BandwidthEstimator(50e9, 1e3, min_bytes=0)          # the CPU looked almost stalled
+    experts = [0]
+    rt.device_ctl = SimpleNamespace(poller=SimpleNamespace(stats=lambda: (experts[0], experts[0], 1.0, 0, 0.0)),
+                                    set_q=lambda policy: None, close=lambda: None)
+    for _ in range(rt_mod.PROBE_STEPS):
+        rt.before_step()
+    assert rt._probe is not None and rt.estimator.b_h == 1e3          # submitted, not yet folded in
+    q0 = rt.policy.q_star
+    rt._probe.wait()
+    rt.before_step()
+    assert rt._probe is None and rt.estimator.b_h > 1e3 and rt.policy.q_star < q0
+    experts[0] = 1                                                      # a CPU job every step
+    for _ in range(3 * rt_mod.PROBE_STEPS):
+        rt.before_step()
+        assert rt._probe is None
+
+
 def test_profile_json():
     from typer.testing import CliRunner
 

@@ -4,6 +4,7 @@ device cache and the CPU routes from the host store concurrently, and merge exac
 runtime times its own fills and CPU batches to keep q* current."""
 from __future__ import annotations
 
+import random
 import time
 from contextlib import nullcontext
 
@@ -19,6 +20,8 @@ from kernels import ref
 # A prefill chunk whose layer step routes at most this many tokens per expert on average runs
 # like decode: the CPU stays memory-bound there, so the bandwidth split still applies.
 SHORT_ROUTES_PER_EXPERT = 4
+# Graph decode steps with no CPU job before one expert is timed on the CPU anyway (see _probe_cpu).
+PROBE_STEPS = 16
 
 
 class ExpertRuntime:
@@ -30,6 +33,7 @@ class ExpertRuntime:
         self.routing = None      # optional (layer, ids) -> ids: trace replay, uniform, or a recorder
         self.estimator: BandwidthEstimator | None = None  # None = q* stays as set
         self._pending_fill = None  # (start event, end event, bytes) timed once complete
+        self._probe, self._idle = None, 0  # a CPU probe job in flight; steps without a CPU job
         self._experts = ref.moe_experts
         self.device_ctl = None  # engine.moe.device_control.DeviceControl in graph mode
         self.streamer = LayerStreamer(self, prefill_mode)
@@ -64,9 +68,31 @@ class ExpertRuntime:
                 self.estimator.cpu(experts * slot, seconds)
             if self.estimator and fills:
                 self.estimator.fill(fills * slot, fill_seconds)
+            if self.estimator:
+                self._probe_cpu(experts)
         if self.estimator:
             self.policy.q_star = self.estimator.q_star
         ctl.set_q(self.policy)
+
+    def _probe_cpu(self, experts: int) -> None:
+        """After PROBE_STEPS graph decode steps without a CPU job (a load made B_H look so low
+        that every miss is fetched, and only CPU jobs measure it), time one expert on the CPU
+        beside the GPU's work, its result unused, so B_H and q* recover once the load is gone."""
+        fut, self._idle = self._probe, 0 if experts else self._idle + 1
+        if fut is not None:
+            try:
+                fut.wait(0.0)
+            except TimeoutError:
+                return
+            self._probe = None
+            self.estimator.cpu(self.store.layout.slot_bytes, fut.seconds)
+        if self._idle >= PROBE_STEPS:
+            self._idle = 0
+            v = self.store.views[random.randrange(len(self.store.views))]
+            H = v["down"].shape[1]
+            e = torch.tensor([[random.randrange(v["down"].shape[0])]])
+            self._probe = self.cpu.submit(torch.zeros(1, H, dtype=v["down"].dtype), v["gate_up"], v["down"], e,
+                                          torch.ones(1, 1), torch.empty(1, H))
 
     def sync_stats(self) -> None:
         if self.device_ctl is not None:
