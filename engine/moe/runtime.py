@@ -64,11 +64,11 @@ class ExpertRuntime:
         if ctl.poller is not None:
             slot = self.store.layout.slot_bytes
             jobs, experts, seconds, fills, fill_seconds = ctl.poller.stats()
-            if self.estimator and experts:
-                self.estimator.cpu(experts * slot, seconds)
-            if self.estimator and fills:
-                self.estimator.fill(fills * slot, fill_seconds)
             if self.estimator:
+                if experts:
+                    self.estimator.cpu(experts * slot, seconds)
+                if fills:
+                    self.estimator.fill(fills * slot, fill_seconds)
                 self._probe_cpu(experts)
         if self.estimator:
             self.policy.q_star = self.estimator.q_star
@@ -90,7 +90,7 @@ class ExpertRuntime:
             self._idle = 0
             v = self.store.views[random.randrange(len(self.store.views))]
             H = v["down"].shape[1]
-            e = torch.tensor([[random.randrange(v["down"].shape[0])]])
+            e = torch.tensor([[random.randrange(self.store.n_experts)]])
             self._probe = self.cpu.submit(torch.zeros(1, H, dtype=v["down"].dtype), v["gate_up"], v["down"], e,
                                           torch.ones(1, 1), torch.empty(1, H))
 
