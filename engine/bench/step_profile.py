@@ -1,6 +1,6 @@
 """Where one decode step's GPU time goes, per miss policy: kernel and copy totals over a few
 graph-replayed decode steps, and the ordered timeline of one MoE layer step with the gaps between
-its operations. Usage (GPU): python3 -m benchmarks.step_profile ROUTING [LAYERS] [BUDGET] [OUTDIR]."""
+its operations. Usage (GPU): python3 -m engine.bench.step_profile ROUTING [LAYERS] [BUDGET] [OUTDIR]."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.decode import decode_once, decode_runtime
+from engine.bench.decode import decode_once, decode_runtime
 from engine.config import EngineConfig, parse_size
 from engine.loader import load_synthetic
 from engine.profile import load_or_measure

@@ -1,6 +1,6 @@
 """How well layer l's MoE input predicts layer l+1's experts: the share of layer l+1's top-k that
 layer l+1's router picks from layer l's input (the cross-layer prefetch signal), over a prompt's
-tokens. Usage: python3 -m benchmarks.prefetch_accuracy [demo | SHAPE LAYERS] (CPU is enough)."""
+tokens. Usage: python3 -m engine.bench.prefetch_accuracy [demo | SHAPE LAYERS] (CPU is enough)."""
 from __future__ import annotations
 
 import sys

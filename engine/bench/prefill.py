@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from benchmarks.decode import sync
+from engine.bench.decode import sync
 from engine.config import EngineConfig, SamplingParams
 from engine.loader import Engine, rebuild_experts
 from engine.scheduler import Scheduler, Sequence

@@ -3,7 +3,7 @@ through the engine's host residency tables (the plan rule of the GPU kernel: LRU
 the recurring-miss rule) and prices every layer step's misses at given bandwidths: the engine's
 split, max(F·s / B_P, (M − F)·s / B_H + the executor's cost per job), beside the ideal split of
 the same misses, M·s / (B_P + B_H), the bound's. No GPU and no weights needed.
-Usage: python3 -m benchmarks.split_model TRACE B_P_GBPS B_H_GBPS [JOB_US] [GiB ...]"""
+Usage: python3 -m engine.bench.split_model TRACE B_P_GBPS B_H_GBPS [JOB_US] [GiB ...]"""
 from __future__ import annotations
 
 import sys

@@ -6,7 +6,7 @@ rebuilds the runtime for the variant, warms it up, then times the decode. For ex
 switch `FUSED = True` that a candidate adds to engine/layers/attention.py, every expert resident
 (model routing) and then 8 GiB on a trace, one load:
 
-  python -m benchmarks.interleave --synthetic qwen3-30b-a3b --budget 60GiB,8GiB \
+  python -m engine.bench.interleave --synthetic qwen3-30b-a3b --budget 60GiB,8GiB \
       --routing model,trace:FILE --variant fused --variant unfused:engine.layers.attention.FUSED=False"""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import statistics
 import time
 
 
-from benchmarks.decode import decode_once, decode_runtime, random_prompt
+from engine.bench.decode import decode_once, decode_runtime, random_prompt
 from engine.config import EngineConfig, parse_size
 from engine.loader import load_synthetic
 from engine.profile import load_or_measure
