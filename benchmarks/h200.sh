@@ -29,7 +29,7 @@ graphs)  # graph decode: GPU tests, then graph vs eager rows
     --routing model > "$out/decode_graph.txt" 2>&1; cat "$out/decode_graph.txt" ;;
 decode-a)  # issue 4: the four policies at three budgets on a locality trace, then with model routing
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
-  python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
+  python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
   # 12 rows took ~300 s on 2026-11-30; --out keeps the rows measured before a time limit
   timeout -s ABRT 360 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB \
     --moe-policy adaptive,fetch,cpu,static:auto --routing trace:/tmp/trace.npy --out "$out/decode_a.json" \
@@ -38,7 +38,7 @@ decode-a)  # issue 4: the four policies at three budgets on a locality trace, th
     --routing model --out "$out/decode_am.json" > "$out/decode_am.txt" 2>&1; tail -10 "$out/decode_am.txt" ;;
 decode-b)  # issue 4: a locality trace at three budgets, a competing host-memory load, model routing
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
-  python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
+  python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
   timeout -s ABRT 330 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB --moe-policy adaptive,fetch,cpu \
     --routing trace:/tmp/trace.npy --out "$out/decode_b.json" > "$out/decode_b.txt" 2>&1; tail -16 "$out/decode_b.txt"
   for hogs in 6 12; do  # 12 hogs also oversubscribe the 16 cores the executor's 8 threads run on
@@ -56,6 +56,6 @@ prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 20
   ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 60GiB --lengths 16384 --mode routed \
     --follow-up 0 --out "$out/prefill_resident.json" > "$out/prefill_resident.txt" 2>&1; cat "$out/prefill_resident.txt" ;;
 step)  # where one decode step's GPU time goes, 12 layers, per policy
-  python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
-  python3 -m benchmarks.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;
+  python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
+  python3 -m engine.bench.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;
 esac

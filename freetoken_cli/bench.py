@@ -39,7 +39,7 @@ def decode(model: Optional[str] = ModelArg,
            as_json: bool = Json,
            out: Optional[Path] = Out):
     """Decode tok/s for each miss policy, with hit rate, traffic and the bound."""
-    from benchmarks.decode import run
+    from engine.bench.decode import run
     from engine.config import parse_policy
     from engine.profile import load_or_measure
     from engine.config import parse_size
@@ -87,7 +87,7 @@ def prefill(model: Optional[str] = ModelArg,
             as_json: bool = Json,
             out: Optional[Path] = Out):
     """Time to first token per prefill mode, beside the PCIe streaming bound."""
-    from benchmarks.prefill import run
+    from engine.bench.prefill import run
     from engine.moe.prefill import PREFILL_MODES
     from engine.profile import load_or_measure
     modes = [m.strip() for m in mode.split(",")]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def test_step_profile_reports_each_policy(capsys):
-    from benchmarks import step_profile
+    from engine.bench import step_profile
     step_profile.main("uniform", 2, "1MiB", None, "tiny", "cpu")
     out = capsys.readouterr().out
     for label in ("fetch 1MiB", "adaptive 1MiB", "cpu 1MiB", "all resident"):
@@ -13,7 +13,7 @@ def test_step_profile_reports_each_policy(capsys):
 
 def test_prefetch_signal_on_the_demo_model():
     """Layer l+1's router on layer l's input beats chance (K/E) on the trained demo model."""
-    from benchmarks.prefetch_accuracy import accuracy
+    from engine.bench.prefetch_accuracy import accuracy
     from engine.config import EngineConfig
     from engine.loader import load_engine
     from engine.resolve import ensure_ftw
@@ -31,7 +31,7 @@ def test_split_model_prices_whole_expert_splits():
     """Fresh experts every step at B_P = B_H: two misses split evenly (the ideal), three cannot
     (one side takes two experts: 2 expert-times against the ideal 1.5)."""
     import numpy as np
-    from benchmarks.split_model import price
+    from engine.bench.split_model import price
     for k, ratio in [(2, 1.0), (3, 0.75)]:
         trace = np.arange(10 * k).reshape(10, 1, k)  # never a repeat: every route misses
         r = price(trace, slots=4, experts=64, b_p=1e9, b_h=1e9, expert_bytes=10**9, warm_tokens=0)
@@ -41,7 +41,7 @@ def test_split_model_prices_whole_expert_splits():
 
 _BENCH = """
 import multiprocessing as mp, os
-from benchmarks.decode import memory_hog
+from engine.bench.decode import memory_hog
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")
     stop, ready = ctx.Event(), ctx.Semaphore(0)  # kept: start() drops the process's own references
@@ -79,7 +79,7 @@ def test_interleave_runs_each_variant_in_turn_with_its_settings(monkeypatch):
     its runtime is built and decoded (and the defaults for the others), and the defaults come
     back afterwards; a variant naming a missing attribute is refused."""
     import pytest
-    from benchmarks import interleave
+    from engine.bench import interleave
     from engine.config import EngineConfig, parse_size
     from engine.loader import load_synthetic
     from engine.moe import runtime

@@ -142,7 +142,7 @@ def test_record_trace_then_bench_decode_replays_it(tiny_hf, tmp_path):
 
 
 def test_bench_decode_out_keeps_the_rows_of_a_bench_cut_short(tiny_hf, tmp_path, monkeypatch):
-    import benchmarks.decode as bench
+    import engine.bench.decode as bench
     measured = bench.measure_policy
 
     def interrupted(*a, **k):

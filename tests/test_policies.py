@@ -166,7 +166,7 @@ def test_trace_replay_follows_tokens(tmp_path):
 
 def test_decode_bound_splits_the_misses_ideally():
     """The bound does not reward a lopsided split: both sides' bytes at the two bandwidths together."""
-    from benchmarks.decode import bound
+    from engine.bench.decode import bound
     prof = {"h2d_gbps": 50.0, "h2d_concurrent_gbps": 40.0, "cpu_expert_gbps": 70.0, "cpu_expert_concurrent_gbps": 60.0}
     hbm = 1e9  # GB/s: the GPU's own bytes cost ~nothing here
     lopsided, even = ({"bytes_filled": f, "bytes_cpu": 10e9 - f, "hit_bytes": 0} for f in (9e9, 4e9))

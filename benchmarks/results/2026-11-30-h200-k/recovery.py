@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from benchmarks.decode import decode_once, decode_runtime, memory_hog, random_prompt
+from engine.bench.decode import decode_once, decode_runtime, memory_hog, random_prompt
 from engine.config import EngineConfig, parse_size
 from engine.loader import load_synthetic
 from engine.moe import runtime as rt_mod
