@@ -11,7 +11,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Request
 
 from engine.server import messages as m
-from engine.server.app import Server, get_server
+from engine.server.state import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from engine.server.sse import EventStream, Job, collect, encode, events, finish_reason, sse
 from engine.serving import Finish

@@ -14,7 +14,7 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 
 from engine.server import messages as m
-from engine.server.app import Server, get_server
+from engine.server.state import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from engine.server.sse import Job, reply, sse
 from engine.serving import Finish
