@@ -63,7 +63,7 @@ class Server:
             llm = load(self._progress)
             o = self.options
             self.parsers = choose_parsers(o.tool_parser, o.reasoning_parser, llm.tokenizer.tok.chat_template,
-                                          llm.engine.cfg.model_type)
+                                          llm.runner.cfg.model_type)
             self.engine = ServingEngine(llm, o.model_name)
         except Exception as e:  # the server stays up to report it; UserError is the user's to fix
             self.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
@@ -109,7 +109,7 @@ class Server:
         self.check_model(model)
         try:
             self.engine.llm.check_prompt(ids)
-            room = self.engine.llm.engine.max_context - len(ids)
+            room = self.engine.llm.runner.max_context - len(ids)
             params = SamplingParams(max_tokens=room if max_tokens is None else min(room, max_tokens), stop=_stops(stop),
                                     **{k: v for k, v in sampling.items() if v is not None})
         except UserError as e:
