@@ -40,7 +40,7 @@ class Live:
 
     @property
     def tokenizer(self):
-        return self.app.state.server.engine.tokenizer
+        return self.app.state.server.batcher.tokenizer
 
     def forced_ids(self, text: str) -> list[int]:
         return self.tokenizer.tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]

@@ -73,7 +73,7 @@ async def create(body: MessagesRequest, request: Request, s: Server = Depends(ge
     job = s.job(request, ids, body.model, enabled, max_tokens=body.max_tokens, stop=body.stop_sequences,
                 temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
     state = MessageStream(job)
-    return await reply(state, s.engine, job, body.stream, lambda: state.message)
+    return await reply(state, s.batcher, job, body.stream, lambda: state.message)
 
 
 class MessageStream:

@@ -59,8 +59,8 @@ def create_app(load: Callable[[ProgressFn], Any], model_name: str,
     async def lifespan(app: FastAPI):
         threading.Thread(target=server.load, args=(load, on_load_error), name="freetoken-load", daemon=True).start()
         yield
-        if server.engine:
-            server.engine.close()
+        if server.batcher:
+            server.batcher.close()
 
     app = FastAPI(title="FreeToken", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
@@ -86,7 +86,7 @@ def _add_common_routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/v1/stats")
     def stats(s: Server = Depends(get_server)) -> dict:
-        return {"model": s.options.model_name, **s.engine.stats()}
+        return {"model": s.options.model_name, **s.batcher.stats()}
 
     @app.get("/v1/models")
     def models(s: Server = Depends(get_server)) -> dict:

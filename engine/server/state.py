@@ -19,7 +19,7 @@ from engine.errors import UserError
 from engine.server.messages import APIError, merge_system
 from engine.server.parsers import REASONING_PARSERS, TOOL_PARSERS, OutputParser, opens_reasoning, select_parsers
 from engine.server.sse import Job
-from engine.serving import ServingEngine
+from engine.serving import Batcher
 
 log = logging.getLogger("freetoken.server")
 FORCE_HEADER = "x-freetoken-force-output"
@@ -53,7 +53,7 @@ class Server:
 
     def __init__(self, options: Options):
         self.options = options
-        self.engine: ServingEngine | None = None
+        self.batcher: Batcher | None = None
         self.progress: dict[str, Any] = {"stage": "starting", "done": 0, "total": 0}
         self.error: str | None = None
         self.parsers: tuple[str | None, str | None] = (None, None)
@@ -64,7 +64,7 @@ class Server:
             o = self.options
             self.parsers = choose_parsers(o.tool_parser, o.reasoning_parser, llm.tokenizer.tok.chat_template,
                                           llm.runner.cfg.model_type)
-            self.engine = ServingEngine(llm, o.model_name)
+            self.batcher = Batcher(llm, o.model_name)
         except Exception as e:  # the server stays up to report it; UserError is the user's to fix
             self.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
             if not isinstance(e, UserError):
@@ -77,7 +77,7 @@ class Server:
                          "fraction": round(done / total, 4) if total else 0.0}
 
     def health(self) -> tuple[int, dict]:
-        if self.engine:
+        if self.batcher:
             return 200, {"status": "ok", "model": self.options.model_name}
         if self.error:
             return 500, {"status": "error", "error": self.error}
@@ -85,7 +85,7 @@ class Server:
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self.batcher.tokenizer
 
     def check_model(self, name: str | None) -> None:
         if name and name != self.options.model_name:
@@ -108,8 +108,8 @@ class Server:
         """Check the prompt, build sampling parameters (and forced output) and a fresh parser."""
         self.check_model(model)
         try:
-            self.engine.llm.check_prompt(ids)
-            room = self.engine.llm.runner.max_context - len(ids)
+            self.batcher.llm.check_prompt(ids)
+            room = self.batcher.llm.runner.max_context - len(ids)
             params = SamplingParams(max_tokens=room if max_tokens is None else min(room, max_tokens), stop=_stops(stop),
                                     **{k: v for k, v in sampling.items() if v is not None})
         except UserError as e:
@@ -144,7 +144,7 @@ def get_server(request: Request) -> Server:
         if not hmac.compare_digest(given.encode(), key.encode()):
             raise APIError(401, "invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)",
                            "authentication_error", code="invalid_api_key")
-    if server.engine is None:
+    if server.batcher is None:
         body = server.health()[1]
         raise APIError(503, f"the model is {body['status']}: {body.get('progress') or body.get('error')}",
                        "server_error")
