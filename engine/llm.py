@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 
 from engine.config import EngineConfig, SamplingParams
 from engine.errors import UserError
-from engine.loader import load_engine
+from engine.loader import load_runner
 from engine.moe.cache import CacheStats
 from engine.resolve import ensure_ftw
 from engine.scheduler import Scheduler, Sequence
@@ -54,41 +54,41 @@ class LLM:
     def __init__(self, config: EngineConfig, progress: Callable[[str, int, int], None] | None = None,
                  say: Callable[[str], None] = lambda msg: None):
         path = ensure_ftw(config.model, progress=(lambda d, t: progress("convert", d, t)) if progress else None)
-        self.engine = load_engine(config, path, progress)
+        self.runner = load_runner(config, path, progress)
         self.name = config.model or "demo"
         if config.moe_policy == "adaptive":
             from engine.profile import load_or_measure
             prof = load_or_measure(config.cpu_threads, say=say)
-            self.engine.runtime.set_bandwidths(prof["h2d_concurrent_gbps"] or 0.0, prof["cpu_expert_concurrent_gbps"])
+            self.runner.runtime.set_bandwidths(prof["h2d_concurrent_gbps"] or 0.0, prof["cpu_expert_concurrent_gbps"])
         self.tokenizer = Tokenizer(path)
-        e = self.engine
-        self.scheduler = Scheduler(e, self.tokenizer.eos_ids, config.max_running, e.prefill_chunk)
+        r = self.runner
+        self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk)
         self.stats = GenStats()
 
     @property
     def cache_stats(self) -> CacheStats:
-        self.engine.runtime.sync_stats()
-        return self.engine.runtime.cache.stats
+        self.runner.runtime.sync_stats()
+        return self.runner.runtime.cache.stats
 
     def server_stats(self) -> dict:
-        t, c = self.scheduler.totals, self.engine.runtime.cache
-        self.engine.runtime.sync_stats()
+        t, c = self.scheduler.totals, self.runner.runtime.cache
+        self.runner.runtime.sync_stats()
         return {"prefill_tok_s": t["prefill_tokens"] / t["prefill_s"] if t["prefill_s"] else 0.0,
                 "decode_tok_s": t["decode_tokens"] / t["decode_s"] if t["decode_s"] else 0.0,
                 **t, "expert_hit_rate": c.stats.hit_rate, **asdict(c.stats),
-                "q_star": self.engine.runtime.policy.q_star, "cache_occupancy": c.occupancy,
-                "cache_slots": c.n_slots, "kv_pages_used": self.engine.kv.used,
-                "kv_pages_total": self.engine.kv.n_pages,
+                "q_star": self.runner.runtime.policy.q_star, "cache_occupancy": c.occupancy,
+                "cache_slots": c.n_slots, "kv_pages_used": self.runner.kv.used,
+                "kv_pages_total": self.runner.kv.n_pages,
                 "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
                 "prefix_cached_pages": self.scheduler.prefix.pages if self.scheduler.prefix else 0,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                "graph_steps": self.engine.graphs.replays if self.engine.graphs else 0}
+                "graph_steps": self.runner.graphs.replays if self.runner.graphs else 0}
 
     def check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise UserError("the prompt is empty; give some text")
-        if len(ids) >= self.engine.max_context:
-            raise UserError(f"the prompt has {len(ids)} tokens but the context holds {self.engine.max_context}; "
+        if len(ids) >= self.runner.max_context:
+            raise UserError(f"the prompt has {len(ids)} tokens but the context holds {self.runner.max_context}; "
                             "shorten it or raise --max-context")
 
     def generate(self, prompt: list[int], params: SamplingParams,
@@ -98,7 +98,7 @@ class LLM:
         self.check_prompt(prompt)
         seq = Sequence(list(prompt), params)
         before, t0 = replace(self.cache_stats), time.perf_counter()
-        replays0 = self.engine.graphs.replays if self.engine.graphs else 0
+        replays0 = self.runner.graphs.replays if self.runner.graphs else 0
         self.stats = GenStats(prompt_tokens=len(prompt))
         if params.max_tokens == 0:
             return
@@ -116,7 +116,7 @@ class LLM:
             if not seq.finish:
                 self.scheduler.abort(seq)
             self._cache_delta(before)
-            self.stats.graph_steps = (self.engine.graphs.replays if self.engine.graphs else 0) - replays0
+            self.stats.graph_steps = (self.runner.graphs.replays if self.runner.graphs else 0) - replays0
 
     def _tick(self, t0: float) -> None:
         st, now = self.stats, time.perf_counter() - t0
@@ -131,7 +131,7 @@ class LLM:
         st.expert_hits, st.expert_misses = c.hits - before.hits, c.misses - before.misses
         st.fetched, st.cpu = c.fetched - before.fetched, c.cpu - before.cpu
         st.bytes_filled, st.bytes_cpu = c.bytes_filled - before.bytes_filled, c.bytes_cpu - before.bytes_cpu
-        rt = self.engine.runtime
+        rt = self.runner.runtime
         st.cache_occupancy, st.q_star = rt.cache.occupancy, rt.policy.q_star
         if rt.estimator:
             st.b_p_gbps, st.b_h_gbps = rt.estimator.b_p / 1e9, rt.estimator.b_h / 1e9

@@ -1,9 +1,8 @@
-"""Build a ready engine from an FTW directory: dense weights on the device, every routed expert
-in the host store, one expert cache sized from the budget, the paged KV pool."""
+"""Build a `ModelRunner` from an FTW directory (or a synthetic model): dense weights on the device,
+every routed expert in the host store, one expert cache sized from the budget, the paged KV pool."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -21,27 +20,9 @@ from engine.moe.layout import SlotLayout
 from engine.moe.policy import MissPolicy
 from engine.moe.runtime import ExpertRuntime
 from engine.moe.store import HostExpertStore
+from engine.runner import ModelRunner
 
 GiB = 2**30
-
-
-@dataclass
-class Engine:
-    cfg: ModelConfig
-    model: CausalLM
-    kv: KVPool
-    runtime: ExpertRuntime | None
-    device: torch.device
-    path: Path | None
-    max_context: int
-    graphs: object = None        # engine.graphs.DecodeGraphs when decode runs as CUDA graphs
-    prefill_chunk: int = 2048    # tokens per prefill forward (EngineConfig's, or sized at load)
-
-    def forward(self, batch, kv) -> torch.Tensor:
-        """One step: a captured graph for decode batches when one fits, else eager."""
-        self.runtime.before_step()
-        out = self.graphs.run(batch) if self.graphs is not None else None
-        return out if out is not None else self.model(batch, kv)
 
 
 def pick_device(name: str) -> torch.device:
@@ -90,7 +71,7 @@ def expert_slots(config: EngineConfig, layout: SlotLayout, store_bytes: int, n_e
     return min(slots_for_budget(budget, layout, n_experts), total)
 
 
-def load_engine(config: EngineConfig, path: Path, progress: Callable[[str, int, int], None] | None = None) -> Engine:
+def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, int], None] | None = None) -> ModelRunner:
     from ftw import FTWReader
     reader = FTWReader(path)
     if config.verify:
@@ -111,7 +92,7 @@ def load_engine(config: EngineConfig, path: Path, progress: Callable[[str, int, 
 
 
 def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0,
-                   progress: Callable[[str, int, int], None] | None = None) -> Engine:
+                   progress: Callable[[str, int, int], None] | None = None) -> ModelRunner:
     """A random-weight model of a real model's shape (see engine.synthetic)."""
     from engine.synthetic import random_banks, random_dense, synthetic_config
     cfg = synthetic_config(shape, layers)
@@ -133,17 +114,17 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
 
 
 def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: HostExpertStore,
-             device: torch.device, dtype: torch.dtype, path: Path | None) -> Engine:
+             device: torch.device, dtype: torch.dtype, path: Path | None) -> ModelRunner:
     """KV pool, expert cache and runtime around loaded weights."""
     layout = store.layout
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context * config.max_running
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
                 cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    engine = Engine(cfg, model, kv, None, device, path, max_context)
-    rebuild_experts(engine, store, config)
-    engine.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
-    return engine
+    runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
+    rebuild_experts(runner, store, config)
+    runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
+    return runner
 
 
 def free_memory(device: torch.device) -> int:
@@ -172,38 +153,38 @@ def prefill_chunk_for(free: int, cfg: ModelConfig, max_context: int, dtype: torc
     return min(chunk, max(256, max_context))
 
 
-def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig, routing=None) -> ExpertRuntime:
+def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineConfig, routing=None) -> ExpertRuntime:
     """(Re)build the device expert cache and runtime for config's budget and policy (and an
     optional routing override, which a CUDA graph must see at capture). The host store is
     untouched; the old cache is freed first."""
-    cfg, layout, old = engine.cfg, store.layout, engine.runtime
-    if engine.graphs is not None:
-        engine.kv.release([engine.graphs.page])
+    cfg, layout, old = runner.cfg, store.layout, runner.runtime
+    if runner.graphs is not None:
+        runner.kv.release([runner.graphs.page])
     if old is not None:
         old.close()
         old.cache.pool = old.cache.w = None  # free device memory before allocating the new pool
-        engine.runtime = engine.graphs = None
-        if engine.device.type == "cuda":
+        runner.runtime = runner.graphs = None
+        if runner.device.type == "cuda":
             torch.cuda.empty_cache()
-    room = 2 * prefill_bytes(config.prefill_chunk or 2048, cfg, engine.max_context, engine.kv.k.dtype)
-    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, engine.device,
-                         reserve=GiB + engine.kv.bytes // 8 + room)  # room: a prefill chunk
+    room = 2 * prefill_bytes(config.prefill_chunk or 2048, cfg, runner.max_context, runner.kv.k.dtype)
+    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, runner.device,
+                         reserve=GiB + runner.kv.bytes // 8 + room)  # room: a prefill chunk
     policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
-    graph = use_graphs(config, engine.device)
-    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device, device_tables=graph)
+    graph = use_graphs(config, runner.device)
+    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, runner.device, device_tables=graph)
     runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode,
                             old._cpu if old is not None else None)  # keep the worker pool
     runtime.routing = routing
-    for block in engine.model.moe_blocks():
+    for block in runner.model.moe_blocks():
         block.runtime = runtime
-    engine.runtime = runtime
+    runner.runtime = runtime
     if graph:
         from engine.moe.device_control import DeviceControl
         runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
         runtime.device_ctl.set_q(policy)  # the capture's warm-up steps must follow the policy too
-        if engine.device.type == "cuda":
+        if runner.device.type == "cuda":
             from engine.graphs import DecodeGraphs
-            engine.graphs = DecodeGraphs(engine.model, engine.kv, -(-engine.max_context // engine.kv.page_size),
+            runner.graphs = DecodeGraphs(runner.model, runner.kv, -(-runner.max_context // runner.kv.page_size),
                                          range(1, config.max_running + 1))
             cache.tables.clear()  # the warm-up steps ran on dummy tokens: start from an empty cache
             runtime.device_ctl.stats.zero_()

@@ -52,7 +52,7 @@ def decode(model: Optional[str] = ModelArg,
         check_routing(spec)
     cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context)
     cfg = replace(cfg, expert_budget=budgets[0])
-    engine = _load(cfg, model, synthetic, layers)
+    runner = _load(cfg, model, synthetic, layers)
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
@@ -64,12 +64,12 @@ def decode(model: Optional[str] = ModelArg,
         if out:
             out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
 
-    run(engine, engine.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
+    run(runner, runner.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
         prompt_tokens, prof, contention, say=say)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
-        _table(rows, prof, engine, cfg)
+        _table(rows, prof, runner, cfg)
 
 
 @app.command("prefill")
@@ -97,9 +97,9 @@ def prefill(model: Optional[str] = ModelArg,
     sizes = [int(n) for n in lengths.split(",")]
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
                         prefill_chunk=prefill_chunk)
-    engine = _load(cfg, model, synthetic, layers)
+    runner = _load(cfg, model, synthetic, layers)
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
-    rows = run(engine, cfg, modes, sizes, follow_up, prof)
+    rows = run(runner, cfg, modes, sizes, follow_up, prof)
     if out:
         out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
     if as_json:
@@ -107,7 +107,7 @@ def prefill(model: Optional[str] = ModelArg,
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"prefill: {engine.cfg.num_layers} layers x {engine.cfg.num_experts} experts, chunk {prefill_chunk}")
+    t = Table(title=f"prefill: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, chunk {prefill_chunk}")
     for col in ("mode", "prompt", "tokens", "TTFT s", "streaming bound s", "TTFT / bound", "layers streamed", "moved GiB"):
         t.add_column(col, justify="left" if col in ("mode", "prompt") else "right")
     for r in rows:
@@ -117,23 +117,23 @@ def prefill(model: Optional[str] = ModelArg,
 
 
 def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int]):
-    """The engine to measure, with a progress bar while its experts load (or are built)."""
-    from engine.loader import load_engine, load_synthetic
+    """The runner to measure, with a progress bar while its experts load (or are built)."""
+    from engine.loader import load_runner, load_synthetic
     from engine.resolve import ensure_ftw
     bar = Progress()
     try:
         return load_synthetic(cfg, synthetic, layers, progress=bar) if synthetic else \
-            load_engine(cfg, ensure_ftw(model), bar)
+            load_runner(cfg, ensure_ftw(model), bar)
     finally:
         bar.close()
 
 
-def _table(rows: list[dict], prof: dict, engine, cfg) -> None:
+def _table(rows: list[dict], prof: dict, runner, cfg) -> None:
     from rich.console import Console
     from rich.table import Table
     mib = 2**20
-    t = Table(title=f"decode: {engine.cfg.num_layers} layers x {engine.cfg.num_experts} experts, "
-                    f"top-{engine.cfg.router.top_k}, expert {engine.runtime.store.layout.slot_bytes / mib:.1f} MiB")
+    t = Table(title=f"decode: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, "
+                    f"top-{runner.cfg.router.top_k}, expert {runner.runtime.store.layout.slot_bytes / mib:.1f} MiB")
     for col in ("graph", "routing", "budget GiB", "policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
                 "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
         t.add_column(col, justify="left" if col in ("routing", "policy", "load") else "right")

@@ -5,10 +5,10 @@ import torch
 from conftest import load, prefill_logits
 
 
-def empty_cache(engine):
+def empty_cache(runner):
     """Evict every expert (the budget holds them all, so they were preloaded)."""
-    t = engine.runtime.cache.tables
-    t.release(t.reserve(engine.runtime.cache.n_slots))
+    t = runner.runtime.cache.tables
+    t.release(t.reserve(runner.runtime.cache.n_slots))
 
 
 @pytest.mark.parametrize("mode", ["stream", "routed", "adaptive"])

@@ -12,49 +12,50 @@ from dataclasses import replace
 import torch
 
 from engine.config import EngineConfig, SamplingParams
-from engine.loader import Engine, rebuild_experts
+from engine.loader import rebuild_experts
 from engine.moe.routing import make_routing
+from engine.runner import ModelRunner
 from engine.scheduler import Scheduler, Sequence
 
 
-def decode_once(engine: Engine, prompt: list[int], tokens: int, prof=None) -> tuple[float, dict]:
+def decode_once(runner: ModelRunner, prompt: list[int], tokens: int, prof=None) -> tuple[float, dict]:
     """Prefill `prompt`, then time `tokens` decode steps -> (seconds, decode-only cache counters);
     a torch.profiler `prof` records the decode steps only."""
-    sched = Scheduler(engine, set(), 1, 4096, prefix_cache=False)  # every repeat prefills from scratch
+    sched = Scheduler(runner, set(), 1, 4096, prefix_cache=False)  # every repeat prefills from scratch
     seq = Sequence(list(prompt), SamplingParams(max_tokens=tokens + 1, ignore_eos=True))
     sched.add(seq)
     sched.step()  # prefill + first token
-    sync(engine)
-    engine.runtime.sync_stats()
-    st = engine.runtime.cache.stats
+    sync(runner)
+    runner.runtime.sync_stats()
+    st = runner.runtime.cache.stats
     if prof:
         prof.start()
     before, t0 = replace(st), time.perf_counter()
     while not seq.finish:
         sched.step()
-    sync(engine)
+    sync(runner)
     seconds = time.perf_counter() - t0
     if prof:
         prof.stop()
-    engine.runtime.sync_stats()
+    runner.runtime.sync_stats()
     return seconds, {k: getattr(st, k) - getattr(before, k) for k in COUNTERS}
 
 
 COUNTERS = ("hits", "misses", "fetched", "cpu", "bytes_filled", "bytes_cpu")
 
 
-def sync(engine: Engine) -> None:
-    if engine.device.type == "cuda":
+def sync(runner: ModelRunner) -> None:
+    if runner.device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def dense_bytes(engine: Engine) -> int:
-    return sum(p.numel() * p.element_size() for n, p in engine.model.named_parameters()
+def dense_bytes(runner: ModelRunner) -> int:
+    return sum(p.numel() * p.element_size() for n, p in runner.model.named_parameters()
                if "embed_tokens" not in n)
 
 
-def hbm_gbps(engine: Engine) -> float:
-    if engine.device.type != "cuda":
+def hbm_gbps(runner: ModelRunner) -> float:
+    if runner.device.type != "cuda":
         return 20.0
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
@@ -67,26 +68,26 @@ def hbm_gbps(engine: Engine) -> float:
     return 2 * 5 * a.numel() / (time.perf_counter() - t0) / 1e9
 
 
-def decode_runtime(engine: Engine, store, config: EngineConfig, routing: str, prof: dict):
+def decode_runtime(runner: ModelRunner, store, config: EngineConfig, routing: str, prof: dict):
     """The expert runtime rebuilt for config (budget, policy, graphs) and `routing`, starting from
     the profile's concurrent bandwidths, q* re-estimated online."""
-    rt = rebuild_experts(engine, store, config,
-                         make_routing(routing, len(store.banks), store.n_experts, engine.cfg.router.top_k))
+    rt = rebuild_experts(runner, store, config,
+                         make_routing(routing, len(store.banks), store.n_experts, runner.cfg.router.top_k))
     rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"])
     return rt
 
 
-def random_prompt(engine: Engine, n: int) -> list[int]:
+def random_prompt(runner: ModelRunner, n: int) -> list[int]:
     """The same n prompt tokens on every call."""
-    return torch.randint(0, engine.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+    return torch.randint(0, runner.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(0)).tolist()
 
 
-def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, prompt: list[int],
+def measure_policy(runner: ModelRunner, store, config: EngineConfig, routing: str, prompt: list[int],
                    tokens: int, repeats: int, prof: dict, modes: list[bool]) -> list[dict]:
     """A row per q* mode of one policy (True: re-estimated online, False: fixed at the profile's).
     Several modes share one runtime and take turns repeat by repeat, so a drift in the host's
     speed falls on each alike."""
-    rt = decode_runtime(engine, store, config, routing, prof)
+    rt = decode_runtime(runner, store, config, routing, prof)
     est, q0 = rt.estimator, rt.policy.q_star
 
     def use(online: bool) -> None:
@@ -96,17 +97,17 @@ def measure_policy(engine: Engine, store, config: EngineConfig, routing: str, pr
     runs, q = {m: [] for m in modes}, {}
     for m in modes:
         use(m)
-        decode_once(engine, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
+        decode_once(runner, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
     for _ in range(repeats):
         for m in modes:
             use(m)
-            runs[m].append(decode_once(engine, prompt, tokens))
+            runs[m].append(decode_once(runner, prompt, tokens))
             q[m] = rt.policy.q_star
     rows = []
     for m in modes:
         times, n = [t for t, _ in runs[m]], repeats * tokens
         d = {k: sum(c[k] for _, c in runs[m]) / n for k in COUNTERS}
-        rows.append({"policy": config.moe_policy + ("" if m else " (fixed q*)"), "graph": engine.graphs is not None,
+        rows.append({"policy": config.moe_policy + ("" if m else " (fixed q*)"), "graph": runner.graphs is not None,
                      "tok_s": tokens / statistics.median(times),
                      "hit_rate": d["hits"] / max(1e-9, d["hits"] + d["misses"]), **d, "q_star": q[m],
                      "hit_bytes": d["hits"] * store.layout.slot_bytes,
@@ -148,13 +149,13 @@ def memory_hog(stop, ready, nbytes: int, parent: int) -> None:
         buf.sum()
 
 
-def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], policies: list[str],
+def run(runner: ModelRunner, store, base: EngineConfig, budgets: list[int | None], policies: list[str],
         routings: list[str], graphs: list[bool | None], tokens: int, repeats: int, prompt_tokens: int,
         prof: dict, contention: int = 0, say=lambda row: None) -> list[dict]:
-    """One row per (load, graph, routing, budget, policy), all on the same engine and prompt;
+    """One row per (load, graph, routing, budget, policy), all on the same runner and prompt;
     say(row) as each is measured."""
-    prompt = random_prompt(engine, prompt_tokens)
-    dense, hbm = dense_bytes(engine), hbm_gbps(engine)
+    prompt = random_prompt(runner, prompt_tokens)
+    dense, hbm = dense_bytes(runner), hbm_gbps(runner)
     rows = []
     for load in ([False, True] if contention else [False]):
         if load:
@@ -169,11 +170,11 @@ def run(engine: Engine, store, base: EngineConfig, budgets: list[int | None], po
         for graph, routing, budget, (pol, modes) in ((g, r, b, p) for g in graphs for r in routings
                                                      for b in budgets for p in policy_modes(policies)):
             cfg = replace(base, expert_budget=budget, graph=graph, moe_policy=pol)
-            for row in measure_policy(engine, store, cfg, routing, prompt, tokens, repeats, prof, modes):
+            for row in measure_policy(runner, store, cfg, routing, prompt, tokens, repeats, prof, modes):
                 row["load"] = f"{contention} hog(s)" if load else "none"
                 row["routing"] = routing.split("/")[-1]
-                row["budget_gib"] = engine.runtime.cache.n_slots * store.layout.slot_bytes / 2**30
-                row["slots"] = engine.runtime.cache.n_slots
+                row["budget_gib"] = runner.runtime.cache.n_slots * store.layout.slot_bytes / 2**30
+                row["slots"] = runner.runtime.cache.n_slots
                 row["bound_tok_s"] = bound(row, prof, dense, hbm)
                 row["ratio"] = row["tok_s"] / row["bound_tok_s"]
                 rows.append(row)

@@ -38,11 +38,11 @@ def parse_variant(spec: str) -> tuple[str, list[tuple[object, str, object]]]:
     return name, out
 
 
-def run(engine, config: EngineConfig, routing: str, variants: list[tuple[str, list]], tokens: int,
+def run(runner, config: EngineConfig, routing: str, variants: list[tuple[str, list]], tokens: int,
         repeats: int, prof: dict, say=print) -> dict[str, list[float]]:
     """-> {variant: [tok/s per repeat]}; each repeat runs every variant in turn."""
-    store = engine.runtime.store
-    prompt = random_prompt(engine, 32)
+    store = runner.runtime.store
+    prompt = random_prompt(runner, 32)
     defaults = {(m, a): getattr(m, a) for _, sets in variants for m, a, _ in sets}
     runs: dict[str, list[float]] = {name: [] for name, _ in variants}
     for r in range(repeats):
@@ -51,11 +51,11 @@ def run(engine, config: EngineConfig, routing: str, variants: list[tuple[str, li
                 setattr(m, a, v)
             for m, a, v in sets:
                 setattr(m, a, v)
-            decode_runtime(engine, store, config, routing, prof)
-            decode_once(engine, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
-            seconds, c = decode_once(engine, prompt, tokens)
+            decode_runtime(runner, store, config, routing, prof)
+            decode_once(runner, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
+            seconds, c = decode_once(runner, prompt, tokens)
             runs[name].append(tokens / seconds)
-            rt = engine.runtime
+            rt = runner.runtime
             say(f"repeat {r + 1}, {name}: {runs[name][-1]:.2f} tok/s, hits "
                 f"{c['hits'] / max(1, c['hits'] + c['misses']):.1%}, MB per token filled "
                 f"{c['bytes_filled'] / tokens / 1e6:.1f} / CPU {c['bytes_cpu'] / tokens / 1e6:.1f}, q* "
@@ -87,12 +87,12 @@ def main() -> None:
     t0 = time.time()
     config = EngineConfig(model="synthetic", device=a.device, expert_budget=parse_size(budgets[0]),
                           cpu_threads=a.cpu_threads, max_context=4096, moe_policy=a.policy)
-    engine = load_synthetic(config, a.synthetic, a.layers)
+    runner = load_synthetic(config, a.synthetic, a.layers)
     print(f"[{time.time() - t0:.0f} s] loaded", flush=True)
     prof = load_or_measure(a.cpu_threads, say=print)
     for budget, routing in zip(budgets, routings):
         config = dataclasses.replace(config, expert_budget=parse_size(budget))
-        runs = run(engine, config, routing, variants, a.tokens, a.repeats, prof,
+        runs = run(runner, config, routing, variants, a.tokens, a.repeats, prof,
                    say=lambda m: print(f"[{time.time() - t0:.0f} s] {budget} {routing}: {m}", flush=True))
         base = statistics.median(runs[variants[0][0]])
         for name, tok_s in runs.items():

@@ -12,19 +12,19 @@ from engine.config import EngineConfig
 from engine.moe.router import route
 
 
-def accuracy(engine, tokens: list[int]) -> list[float]:
+def accuracy(runner, tokens: list[int]) -> list[float]:
     """Per layer pair (l, l+1): mean over tokens of |predicted ∩ routed| / K, where layer l+1's
     router predicts from layer l's MoE input."""
     from engine.kv.batch import ForwardBatch
-    blocks = engine.model.moe_blocks()
+    blocks = runner.model.moe_blocks()
     inputs: dict[int, torch.Tensor] = {}
     hooks = [b.register_forward_pre_hook(lambda m, args: inputs.__setitem__(m.moe_index, args[0].clone()))
              for b in blocks]
-    pages = engine.kv.alloc(-(-len(tokens) // engine.kv.page_size))
+    pages = runner.kv.alloc(-(-len(tokens) // runner.kv.page_size))
     try:
-        engine.model(ForwardBatch.build([(tokens, 0, pages)], engine.kv.page_size, engine.device), engine.kv)
+        runner.model(ForwardBatch.build([(tokens, 0, pages)], runner.kv.page_size, runner.device), runner.kv)
     finally:
-        engine.kv.release(pages)
+        runner.kv.release(pages)
         for h in hooks:
             h.remove()
     out = []
@@ -36,20 +36,20 @@ def accuracy(engine, tokens: list[int]) -> list[float]:
 
 
 def main(args: list[str]) -> None:
-    from engine.loader import load_engine, load_synthetic
+    from engine.loader import load_runner, load_synthetic
     from engine.resolve import ensure_ftw
     cfg = EngineConfig(model="", device="cpu", graph=False)
     if not args or args[0] == "demo":
         from engine.tokenizer import Tokenizer
         path = ensure_ftw(None)
-        engine = load_engine(cfg, path)
+        runner = load_runner(cfg, path)
         text = Path(torch.__file__).with_name("functional.py").read_text()[:6000]
         tokens = Tokenizer(path).encode(text)[:1024]
     else:
-        engine = load_synthetic(cfg, args[0], int(args[1]))
-        tokens = torch.randint(0, engine.cfg.vocab_size, (256,), generator=torch.Generator().manual_seed(0)).tolist()
-    acc = accuracy(engine, tokens)
-    print(f"{len(tokens)} tokens, top-{engine.cfg.router.top_k} of {engine.cfg.num_experts}: "
+        runner = load_synthetic(cfg, args[0], int(args[1]))
+        tokens = torch.randint(0, runner.cfg.vocab_size, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+    acc = accuracy(runner, tokens)
+    print(f"{len(tokens)} tokens, top-{runner.cfg.router.top_k} of {runner.cfg.num_experts}: "
           f"predicted share per layer pair {[round(a, 3) for a in acc]}, mean {sum(acc) / len(acc):.3f}")
 
 

@@ -46,20 +46,20 @@ def main(routing: str, layers: int = 12, budget: str = "2GiB", out: str | None =
          shape: str = "qwen3-30b-a3b", device: str = "cuda") -> None:
     cfg = EngineConfig(model="synthetic", device=device, expert_budget=parse_size(budget), cpu_threads=8,
                        max_context=4096)
-    engine = load_synthetic(cfg, shape, layers)
+    runner = load_synthetic(cfg, shape, layers)
     prof = load_or_measure(8, say=print)
     prompt = list(range(100, 132))
-    store = engine.runtime.store
+    store = runner.runtime.store
     everything = store.nbytes + (1 << 30)
     for pol, b in (("fetch", cfg.expert_budget), ("adaptive", cfg.expert_budget), ("cpu", cfg.expert_budget),
                    ("fetch", everything)):
         c = replace(cfg, moe_policy=pol, expert_budget=b)
-        decode_runtime(engine, store, c, routing, prof)
-        decode_once(engine, prompt, 8)
-        dt = decode_once(engine, prompt, 16)[0] / 16
-        kind = engine.device.type.upper()
+        decode_runtime(runner, store, c, routing, prof)
+        decode_once(runner, prompt, 8)
+        dt = decode_once(runner, prompt, 16)[0] / 16
+        kind = runner.device.type.upper()
         p = profile(activities=[getattr(ProfilerActivity, kind)])
-        decode_once(engine, prompt, 6, p)
+        decode_once(runner, prompt, 6, p)
         label = "all resident" if b == everything else f"{pol} {budget}"
         print(f"{label}: {dt * 1e3:.2f} ms per token ({1 / dt:.1f} tok/s), {layers} layers")
         report(p, 6, layers, kind)
