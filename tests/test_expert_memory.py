@@ -134,6 +134,24 @@ def test_host_tables_match_reference_plan():
             assert host.slot_of == slot_of.tolist() and host.owner_of == owner_of.tolist()
 
 
+def test_host_and_device_tables_share_one_interface():
+    """Both residency tables implement ResidencyTables with the same results for loading,
+    reserving and releasing prefill buffers and counting misses."""
+    from engine.moe.tables import DeviceTables, HostTables, ResidencyTables
+    L, E, S = 2, 4, 6
+    got = []
+    for t in (HostTables(S, L * E, L), DeviceTables(S, L * E, E, torch.device("cpu"))):
+        assert isinstance(t, ResidencyTables)
+        t.install_block(0, 0, E)
+        steps = [t.owned, t.missing([[0, 1], [2, 5]], 0), t.missing([[0, 1]], E)]
+        reserved = t.reserve(3)  # none used yet: the lowest slots, owners evicted
+        steps += [sorted(reserved), t.owned, t.missing([[0, 1, 2, 3]], 0)]
+        t.release(reserved)
+        steps.append(t.plan([[0, 1]], E, 1.0)[1:])  # fills go to the released slots first
+        got.append(steps)
+    assert got[0] == got[1]
+
+
 def test_long_prefill_keeps_the_decode_working_set(tiny_model):
     """A long prompt scans nearly every expert; its fills enter cold, so the experts the running
     decode uses stay resident. A short follow-up runs like decode (here: the q* split)."""

@@ -10,7 +10,7 @@ import torch
 
 from engine.errors import UserError
 from engine.moe.layout import SlotLayout
-from engine.moe.tables import HostTables
+from engine.moe.tables import DeviceTables, HostTables, ResidencyTables
 
 
 @dataclass
@@ -45,11 +45,9 @@ class ExpertCache:
         self.pool = torch.empty(n_slots, layout.slot_bytes, dtype=torch.uint8, device=device)
         self.w = layout.views(self.pool)                  # {name: [S, ...]}
         self.n_experts = n_experts
-        if device_tables:  # graph mode: control on the device
-            from engine.moe.device_control import DeviceTables
-            self.tables = DeviceTables(n_slots, n_layers * n_experts, n_experts, device)
-        else:  # eager control: one sync per layer step
-            self.tables = HostTables(n_slots, n_layers * n_experts, n_layers)
+        # graph mode: control on the device; eager control: one sync per layer step
+        self.tables: ResidencyTables = (DeviceTables(n_slots, n_layers * n_experts, n_experts, device)
+                                        if device_tables else HostTables(n_slots, n_layers * n_experts, n_layers))
         self.stats = CacheStats()
 
     @property
