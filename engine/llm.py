@@ -3,7 +3,7 @@ the statistics a user sees after each answer."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
 from engine.config import EngineConfig, SamplingParams
@@ -21,12 +21,7 @@ class GenStats:
     output_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    expert_hits: int = 0
-    expert_misses: int = 0
-    fetched: int = 0
-    cpu: int = 0
-    bytes_filled: int = 0
-    bytes_cpu: int = 0
+    cache: CacheStats = field(default_factory=CacheStats)  # what this answer did to the expert cache
     cache_occupancy: float = 0.0
     q_star: float = 0.0                 # current split: share of misses fetched
     b_p_gbps: float | None = None       # current online estimates (None: not estimated)
@@ -41,13 +36,11 @@ class GenStats:
     def decode_tok_s(self) -> float:
         return (self.output_tokens - 1) / self.decode_s if self.decode_s and self.output_tokens > 1 else 0.0
 
-    @property
-    def hit_rate(self) -> float:
-        return self.expert_hits / max(1, self.expert_hits + self.expert_misses)
-
     def as_dict(self) -> dict:
-        return {**asdict(self), "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
-                "hit_rate": self.hit_rate}
+        d = asdict(self)
+        c = d.pop("cache")
+        return {**d, "expert_hits": c.pop("hits"), "expert_misses": c.pop("misses"), **c,
+                "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s, "hit_rate": self.cache.hit_rate}
 
 
 class LLM:
@@ -127,11 +120,8 @@ class LLM:
             st.decode_s = now - st.prefill_s
 
     def _cache_delta(self, before: CacheStats) -> None:
-        c, st = self.cache_stats, self.stats
-        st.expert_hits, st.expert_misses = c.hits - before.hits, c.misses - before.misses
-        st.fetched, st.cpu = c.fetched - before.fetched, c.cpu - before.cpu
-        st.bytes_filled, st.bytes_cpu = c.bytes_filled - before.bytes_filled, c.bytes_cpu - before.bytes_cpu
-        rt = self.runner.runtime
+        st, rt = self.stats, self.runner.runtime
+        st.cache = self.cache_stats - before
         st.cache_occupancy, st.q_star = rt.cache.occupancy, rt.policy.q_star
         if rt.estimator:
             st.b_p_gbps, st.b_h_gbps = rt.estimator.b_p / 1e9, rt.estimator.b_h / 1e9

@@ -134,6 +134,23 @@ def test_host_tables_match_reference_plan():
             assert host.slot_of == slot_of.tolist() and host.owner_of == owner_of.tolist()
 
 
+def test_cache_stats_record_and_delta():
+    """record() derives the CPU share and the bytes; `after - before` is the span's own counts."""
+    from dataclasses import replace
+
+    from engine.moe.cache import CacheStats
+    st = CacheStats()
+    st.record(slot_bytes=10, hits=3, misses=4, fetched=1)
+    st.record(slot_bytes=10, streamed=8)
+    st.record(scan=True)
+    assert st == CacheStats(hits=3, misses=4, fetched=1, cpu=3, bytes_filled=90, bytes_cpu=30, scan_steps=1,
+                            stream_layers=1)
+    before = replace(st)
+    st.record(slot_bytes=10, hits=1, misses=2, fetched=2)
+    assert st - before == CacheStats(hits=1, misses=2, fetched=2, bytes_filled=20)
+    assert before + (st - before) == st and (st - before).hit_rate == pytest.approx(1 / 3)
+
+
 def test_host_and_device_tables_share_one_interface():
     """Both residency tables implement ResidencyTables with the same results for loading,
     reserving and releasing prefill buffers and counting misses."""

@@ -64,12 +64,7 @@ class DeviceControl:
         """Fold the device counters into the host CacheStats (one sync)."""
         hits, misses, fetched = self.stats.tolist()
         self.stats.zero_()
-        stats.hits += hits
-        stats.misses += misses
-        stats.fetched += fetched
-        stats.cpu += misses - fetched
-        stats.bytes_filled += fetched * slot_bytes
-        stats.bytes_cpu += (misses - fetched) * slot_bytes
+        stats.record(slot_bytes=slot_bytes, hits=hits, misses=misses, fetched=fetched)
 
     def _plan(self, ids: torch.Tensor, layer: int, route: torch.Tensor, n: int, stage=None) -> None:
         t, E = self.rt.cache.tables, self.rt.cache.n_experts

@@ -127,6 +127,5 @@ class LayerStreamer:
         else:
             for s, e in zip(half, range(self.E)):
                 c.pool[s].copy_(bank[e])
-        c.stats.stream_layers += 1
-        c.stats.bytes_filled += self.E * self.rt.store.layout.slot_bytes
+        c.stats.record(slot_bytes=self.rt.store.layout.slot_bytes, streamed=self.E)
         self.ready[layer] = (torch.tensor(half, device=c.pool.device), event)

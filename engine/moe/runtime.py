@@ -128,7 +128,7 @@ class ExpertRuntime:
         scan = prefill and ids.numel() > SHORT_ROUTES_PER_EXPERT * c.n_experts
         st = self.streamer
         if scan:
-            c.stats.scan_steps += 1
+            c.stats.record(scan=True)
             if layer == 0 and st.usable:
                 st.begin(x.shape[0])
         slots = st.take(layer) if scan else None
@@ -152,7 +152,7 @@ class ExpertRuntime:
         route = torch.tensor(route).view(ids_h.shape)
         cpu_ids = torch.where(route < 0, ids_h, -1)
         n_cpu = misses - len(victims)
-        self._count(hits, misses, n_cpu)
+        c.stats.record(slot_bytes=self.store.layout.slot_bytes, hits=hits, misses=misses, fetched=len(victims))
         # the CPU branch starts before the fills are queued: x.cpu() would otherwise wait for them
         job = self._submit_cpu(layer, x, cpu_ids, weights, n_cpu) if n_cpu else None
         route_d = route.to(x.device)
@@ -209,8 +209,6 @@ class ExpertRuntime:
                 done.record()
         if self.estimator and not cuda:
             self.estimator.fill(nbytes, time.perf_counter() - t0)
-        self.cache.stats.fetched += len(victims)
-        self.cache.stats.bytes_filled += nbytes
         return done
 
     def _update_q(self) -> None:
@@ -222,10 +220,3 @@ class ExpertRuntime:
             self.estimator.fill(nbytes, start.elapsed_time(end) / 1e3)
             self._pending_fill = None
         self.policy.q_star = self.estimator.q_star
-
-    def _count(self, hits: int, misses: int, n_cpu: int) -> None:
-        st = self.cache.stats
-        st.hits += hits
-        st.misses += misses
-        st.cpu += n_cpu
-        st.bytes_cpu += n_cpu * self.store.layout.slot_bytes
