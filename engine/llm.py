@@ -51,8 +51,7 @@ class LLM:
         self.name = config.model or "demo"
         if config.moe_policy == "adaptive":
             from engine.profile import load_or_measure
-            prof = load_or_measure(config.cpu_threads, say=say)
-            self.runner.runtime.set_bandwidths(prof["h2d_concurrent_gbps"] or 0.0, prof["cpu_expert_concurrent_gbps"])
+            self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say))
         self.tokenizer = Tokenizer(path)
         r = self.runner
         self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk)
@@ -69,7 +68,7 @@ class LLM:
         return {"prefill_tok_s": t["prefill_tokens"] / t["prefill_s"] if t["prefill_s"] else 0.0,
                 "decode_tok_s": t["decode_tokens"] / t["decode_s"] if t["decode_s"] else 0.0,
                 **t, "expert_hit_rate": c.stats.hit_rate, **asdict(c.stats),
-                "q_star": self.runner.runtime.policy.q_star, "cache_occupancy": c.occupancy,
+                "q_star": self.runner.runtime.qstar.value, "cache_occupancy": c.occupancy,
                 "cache_slots": c.n_slots, "kv_pages_used": self.runner.kv.used,
                 "kv_pages_total": self.runner.kv.n_pages,
                 "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
@@ -122,9 +121,9 @@ class LLM:
     def _cache_delta(self, before: CacheStats) -> None:
         st, rt = self.stats, self.runner.runtime
         st.cache = self.cache_stats - before
-        st.cache_occupancy, st.q_star = rt.cache.occupancy, rt.policy.q_star
-        if rt.estimator:
-            st.b_p_gbps, st.b_h_gbps = rt.estimator.b_p / 1e9, rt.estimator.b_h / 1e9
+        st.cache_occupancy, st.q_star, est = rt.cache.occupancy, rt.qstar.value, rt.qstar.estimator
+        if est:
+            st.b_p_gbps, st.b_h_gbps = est.b_p / 1e9, est.b_h / 1e9
 
     def stream(self, prompt: list[int], params: SamplingParams,
                progress: Callable[[int, int], None] | None = None) -> Iterator[str]:

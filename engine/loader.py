@@ -181,7 +181,7 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     if graph:
         from engine.moe.device_control import DeviceControl
         runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
-        runtime.device_ctl.set_q(policy)  # the capture's warm-up steps must follow the policy too
+        runtime.device_ctl.set_q()  # the capture's warm-up steps must follow the policy too
         if runner.device.type == "cuda":
             from engine.graphs import DecodeGraphs
             runner.graphs = DecodeGraphs(runner.model, runner.kv, -(-runner.max_context // runner.kv.page_size),

@@ -176,7 +176,7 @@ def test_long_prefill_keeps_the_decode_working_set(tiny_model):
     from engine.scheduler import Scheduler, Sequence
     _, _, ftw = tiny_model("qwen3_moe")
     e = load(ftw, expert_budget=14 * load(ftw).runtime.store.layout.slot_bytes, moe_policy="adaptive")
-    e.runtime.set_bandwidths(1.0, 1.0, online=False)
+    e.runtime.qstar.start(1.0, 1.0, online=False)
     sched = Scheduler(e, set(), 2, 512, prefix_cache=False)
     g = torch.Generator().manual_seed(11)
     chat = Sequence(torch.randint(0, 256, (6,), generator=g).tolist(), SamplingParams(max_tokens=40))

@@ -48,7 +48,7 @@ def test_graph_decode_matches_eager(tiny_model, policy):
     outs = []
     for graph in (False, True):
         e = load(ftw, device="cuda", graph=graph, expert_budget=9 * slot, moe_policy=policy)
-        e.runtime.set_bandwidths(1.0, 1.0, online=False)
+        e.runtime.qstar.start(1.0, 1.0, online=False)
         outs.append(greedy(e, prompt, 24))
         e.runtime.sync_stats()
         if graph:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import greedy, load
 
-from engine.moe.estimator import BandwidthEstimator
+from engine.moe.qstar import BandwidthEstimator
 
 POLICIES = ["fetch", "cpu", "adaptive", "static:1", "static:3"]
 
@@ -20,7 +20,7 @@ def test_policies_give_identical_tokens(tiny_model, slots, graph):
     slot_bytes = load(ftw).runtime.store.layout.slot_bytes
     for policy in POLICIES:
         e = load(ftw, expert_budget=slots * slot_bytes, moe_policy=policy, graph=graph)
-        e.runtime.set_bandwidths(1.0, 1.0, online=False)  # q* = 0.5: half the misses on each side
+        e.runtime.qstar.start(1.0, 1.0, online=False)  # q* = 0.5: half the misses on each side
         assert greedy(e, prompt, 16) == want, policy
         e.runtime.sync_stats()
         st = e.runtime.cache.stats
@@ -44,7 +44,7 @@ def test_device_control_matches_eager_decisions(tiny_model):
     runs = []
     for graph in (False, True):
         e = load(ftw, expert_budget=9 * load(ftw).runtime.store.layout.slot_bytes, moe_policy="adaptive", graph=graph)
-        e.runtime.set_bandwidths(1.0, 2.0, online=False)
+        e.runtime.qstar.start(1.0, 2.0, online=False)
         out = greedy(e, prompt, 20)
         e.runtime.sync_stats()
         t = e.runtime.cache.tables
@@ -59,7 +59,7 @@ def test_adaptive_split_follows_q(tiny_model):
     shares = []
     for q_bp in (0.25, 4.0):  # q* = 0.2, then 0.8
         e = load(ftw, expert_budget=8 * load(ftw).runtime.store.layout.slot_bytes, moe_policy="adaptive")
-        e.runtime.set_bandwidths(q_bp, 1.0, online=False)
+        e.runtime.qstar.start(q_bp, 1.0, online=False)
         before = e.runtime.cache.stats.fetched
         greedy(e, prompt, 24)
         st = e.runtime.cache.stats
@@ -84,24 +84,25 @@ def test_probe_times_the_cpu_when_no_step_uses_it(tiny_model):
     jobs never probe."""
     from types import SimpleNamespace
 
-    from engine.moe import runtime as rt_mod
+    from engine.moe import qstar as qstar_mod
     _, _, ftw = tiny_model("qwen3_moe")
     rt = load(ftw, moe_policy="adaptive").runtime
-    rt.estimator = BandwidthEstimator(50e9, 1e3, min_bytes=0)          # the CPU looked almost stalled
+    qs = rt.qstar
+    qs.estimator = BandwidthEstimator(50e9, 1e3, min_bytes=0)          # the CPU looked almost stalled
     experts = [0]
     rt.device_ctl = SimpleNamespace(poller=SimpleNamespace(stats=lambda: (experts[0], experts[0], 1.0, 0, 0.0)),
-                                    set_q=lambda policy: None, close=lambda: None)
-    for _ in range(rt_mod.PROBE_STEPS):
+                                    set_q=lambda: None, close=lambda: None)
+    for _ in range(qstar_mod.PROBE_STEPS):
         rt.before_step()
-    assert rt._probe is not None and rt.estimator.b_h == 1e3          # submitted, not yet folded in
-    q0 = rt.policy.q_star
-    rt._probe.wait()
+    assert qs._probe is not None and qs.estimator.b_h == 1e3          # submitted, not yet folded in
+    q0 = qs.value
+    qs._probe.wait()
     rt.before_step()
-    assert rt._probe is None and rt.estimator.b_h > 1e3 and rt.policy.q_star < q0
+    assert qs._probe is None and qs.estimator.b_h > 1e3 and qs.value < q0
     experts[0] = 1                                                      # a CPU job every step
-    for _ in range(3 * rt_mod.PROBE_STEPS):
+    for _ in range(3 * qstar_mod.PROBE_STEPS):
         rt.before_step()
-        assert rt._probe is None
+        assert qs._probe is None
 
 
 def test_profile_json():

@@ -53,9 +53,10 @@ class DeviceControl:
         self.poller = rt.cpu.poller(self.flags, self.nfill, self.x_h, self.ids_h, self.w_h, self.out_h,
                                     [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views])
 
-    def set_q(self, policy) -> None:
-        """Copy the policy's per-layer decode q into device data (outside any graph)."""
-        q = [policy.q(layer, False) for layer in range(self.q.numel())]
+    def set_q(self) -> None:
+        """Copy the policy's per-layer decode q at the current q* into device data (outside any graph)."""
+        policy, q_star = self.rt.policy, self.rt.qstar.value
+        q = [policy.q(layer, False, q_star) for layer in range(self.q.numel())]
         if q != self.q_host:
             self.q.copy_(torch.tensor(q, dtype=torch.float64))
             self.q_host = q

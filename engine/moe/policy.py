@@ -11,21 +11,21 @@ from engine.config import parse_policy
 
 
 class MissPolicy:
-    def __init__(self, name: str, n_layers: int, layers_that_fit: int, q_star: float = 1.0):
+    def __init__(self, name: str, n_layers: int, layers_that_fit: int):
         self.name = parse_policy(name)
         self.static_layers = 0
         if name.startswith("static:"):
             arg = name.split(":")[1]
             self.static_layers = max(0, n_layers - layers_that_fit) if arg == "auto" else min(int(arg), n_layers)
-        self.q_star = q_star
 
-    def q(self, layer: int, scan: bool) -> float:
-        """The fetched share of a layer step's misses; scan = a long prefill chunk."""
+    def q(self, layer: int, scan: bool, q_star: float) -> float:
+        """The fetched share of a layer step's misses; scan = a long prefill chunk; q_star: the
+        current q* (engine.moe.qstar)."""
         if layer < self.static_layers:
             return 0.0
         if scan or self.name == "fetch" or self.static_layers:
             return 1.0
-        return 0.0 if self.name == "cpu" else self.q_star
+        return 0.0 if self.name == "cpu" else q_star
 
     def may_cpu(self, layer: int) -> bool:
         """Whether a decode step of this layer can ever send a miss to the CPU (graph capture

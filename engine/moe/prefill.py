@@ -105,7 +105,8 @@ class LayerStreamer:
         if not self.active:
             return
         compute = self._measure()
-        b_p = self.rt.estimator.b_p if self.rt.estimator else 0.0  # 0: no link estimate, fetch
+        est = self.rt.qstar.estimator
+        b_p = est.b_p if est else 0.0  # 0: no link estimate, fetch
         if layer < len(self.rt.store.banks) and (self.mode == "stream" and missing >= 0 or (
                 missing > 0 and b_p > 0 and (self.E - missing) * self.rt.store.layout.slot_bytes / b_p <= compute)):
             self._load(layer)
