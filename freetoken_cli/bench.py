@@ -46,7 +46,7 @@ def decode(model: Optional[str] = ModelArg,
     policies = [p.strip() for p in moe_policy.split(",") if p.strip()]
     for p in policies:
         p == "adaptive-fixed" or parse_policy(p)
-    from engine.moe.routing import check_routing
+    from engine.moe.replay import check_routing
     budgets = [parse_size(b.strip()) for b in expert_budget.split(",")]
     for spec in routing.split(","):
         check_routing(spec)

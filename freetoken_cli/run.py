@@ -48,7 +48,7 @@ def run(model: Optional[str] = ModelArg,
     finally:
         bar.close()
     if record_trace:
-        from engine.moe.routing import Recorder
+        from engine.moe.replay import Recorder
         llm.runner.runtime.routing = Recorder(record_trace, len(llm.runner.runtime.store.banks))
     try:
         _answer(llm, interactive, text, raw, system, params, as_json, verbose)

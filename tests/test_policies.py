@@ -152,7 +152,7 @@ def test_trace_replay_follows_tokens(tmp_path):
     """Every MoE layer sees the trace row of each token, in order, cycling at the end."""
     import numpy as np
 
-    from engine.moe.routing import make_routing
+    from engine.moe.replay import make_routing
     trace = np.random.default_rng(0).integers(0, 16, (5, 3, 2)).astype(np.int16)   # [tokens, layers, K]
     np.save(tmp_path / "t.npy", trace)
     replay = make_routing(f"trace:{tmp_path / 't.npy'}", 2, 16, 2)

@@ -13,7 +13,7 @@ import torch
 
 from engine.config import EngineConfig, SamplingParams
 from engine.loader import rebuild_experts
-from engine.moe.routing import make_routing
+from engine.moe.replay import make_routing
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler, Sequence
 

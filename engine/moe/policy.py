@@ -1,10 +1,10 @@
 """Miss policies. Every policy reduces to one number per layer step: q, the share of the
 step's misses fetched into the cache (the rest run on the CPU from host memory).
 
-adaptive: q = q* = B_P / (B_P + B_H) from the measured bandwidths; fetch: q = 1; cpu: q = 0
-(hits still run from the cache); static:N: the experts of the first N MoE layers always run on
-the CPU (never cached), the other layers fetch. Prefill chunks fetch (q = 1) except in static
-CPU layers."""
+adaptive: q = q* = B_P / (B_P + B_H) (engine.moe.qstar); fetch: q = 1; cpu: q = 0 (hits still
+run from the cache); static:N: the experts of the first N MoE layers always run on the CPU
+(never cached), the other layers fetch. Long prefill chunks (scan mode, see ExpertRuntime.forward)
+fetch (q = 1) except in static CPU layers; short ones split like decode."""
 from __future__ import annotations
 
 from engine.config import parse_policy

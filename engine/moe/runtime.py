@@ -27,7 +27,7 @@ class ExpertRuntime:
         self.store, self.cache, self.policy = store, cache, policy
         self.cpu_threads, self._cpu = cpu_threads, cpu  # cpu: an executor to reuse (cache rebuilds)
         self.act = "silu"
-        self.routing = None      # optional (layer, ids) -> ids: trace replay, uniform, or a recorder
+        self.routing = None      # optional (layer, ids) -> ids (engine.moe.replay): trace, uniform, recorder
         self.qstar = QStar(store, lambda: self.cpu)
         self._experts = ref.moe_experts
         self.device_ctl = None  # engine.moe.device_control.DeviceControl in graph mode

@@ -1,4 +1,5 @@
-"""Routing overrides for benchmarks and trace recording. A trace is an int16 .npy array
+"""Routing overrides that replace the router's expert ids (engine.moe.router) for benchmarks,
+and trace recording (ExpertRuntime.routing). A trace is an int16 .npy array
 [tokens, moe_layers, K] of expert ids; replaying one on random weights emulates a real model's
 expert locality. `uniform` draws K distinct experts per token uniformly (no locality)."""
 from __future__ import annotations
