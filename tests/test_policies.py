@@ -78,6 +78,31 @@ def test_estimator_moves_q_under_contention():
     assert est.q_star > 0.75
 
 
+def test_q_star_starts_from_the_profile_and_follows_or_holds():
+    """A profile's concurrent bandwidths (or the solo ones) start q*; without a GPU B_P starts
+    at 1 B/s, so a recurring miss is still fetched; follow(False) holds the start's q*,
+    follow(True) resumes the online estimates."""
+    from engine.moe.qstar import QStar
+    from kernels.ref import split_fetch
+    qs = QStar(store=None, cpu=None)
+    assert qs.value == 1.0 and qs.estimator is None                  # no bandwidths yet: fetch
+    prof = {"h2d_gbps": 50.0, "cpu_expert_gbps": 30.0, "h2d_concurrent_gbps": 40.0, "cpu_expert_concurrent_gbps": 10.0}
+    qs.use_profile(prof, concurrent=False)
+    assert qs.value == pytest.approx(50 / 80)
+    qs.use_profile(prof)
+    assert qs.value == pytest.approx(0.8)
+    qs.estimator.cpu(40 << 20, (40 << 20) / 40e9)                    # the CPU got faster
+    qs.update()
+    online = qs.value
+    assert online < 0.8
+    qs.follow(False)
+    assert qs.value == pytest.approx(0.8) and qs.estimator is None
+    qs.follow(True)
+    assert qs.value == online
+    qs.use_profile({**prof, "h2d_concurrent_gbps": None})
+    assert 0 < qs.value < 1e-9 and split_fetch(3, qs.value, recurring=True) == 1
+
+
 def test_probe_times_the_cpu_when_no_step_uses_it(tiny_model):
     """Graph decode whose steps send nothing to the CPU (its B_H looked too low) times one expert
     there after PROBE_STEPS steps, off the critical path, and folds it into B_H; steps with CPU

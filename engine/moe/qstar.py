@@ -61,9 +61,11 @@ class QStar:
 
     def use_profile(self, prof: dict, concurrent: bool = True) -> None:
         """Start from a machine profile (engine.profile): the bandwidths measured with both sides
-        running (concurrent; a decode step splits so), or each side alone. No B_P (no GPU): 0."""
+        running (concurrent; a decode step splits so), or each side alone. No B_P measured (no
+        GPU): 1 B/s, not 0, so that recurring misses are still fetched and their fills teach B_P
+        (at q* = 0 nothing is ever fetched)."""
         p, h = ("h2d_concurrent_gbps", "cpu_expert_concurrent_gbps") if concurrent else ("h2d_gbps", "cpu_expert_gbps")
-        self.start(prof[p] or 0.0, prof[h])
+        self.start(prof[p] or 1e-9, prof[h])
 
     def follow(self, online: bool) -> None:
         """Switch between q* re-estimated online (resuming the estimates) and q* held at start()'s."""
