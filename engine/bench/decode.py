@@ -7,18 +7,19 @@ import multiprocessing as mp
 import os
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
 from engine.config import EngineConfig, SamplingParams
 from engine.loader import rebuild_experts
+from engine.moe.cache import CacheStats
 from engine.moe.replay import make_routing
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler, Sequence
 
 
-def decode_once(runner: ModelRunner, prompt: list[int], tokens: int, prof=None) -> tuple[float, dict]:
+def decode_once(runner: ModelRunner, prompt: list[int], tokens: int, prof=None) -> tuple[float, CacheStats]:
     """Prefill `prompt`, then time `tokens` decode steps -> (seconds, decode-only cache counters);
     a torch.profiler `prof` records the decode steps only."""
     sched = Scheduler(runner, set(), 1, 4096, prefix_cache=False)  # every repeat prefills from scratch
@@ -38,10 +39,7 @@ def decode_once(runner: ModelRunner, prompt: list[int], tokens: int, prof=None) 
     if prof:
         prof.stop()
     runner.runtime.sync_stats()
-    return seconds, {k: getattr(st, k) - getattr(before, k) for k in COUNTERS}
-
-
-COUNTERS = ("hits", "misses", "fetched", "cpu", "bytes_filled", "bytes_cpu")
+    return seconds, st - before
 
 
 def sync(runner: ModelRunner) -> None:
@@ -73,7 +71,7 @@ def decode_runtime(runner: ModelRunner, store, config: EngineConfig, routing: st
     the profile's concurrent bandwidths, q* re-estimated online."""
     rt = rebuild_experts(runner, store, config,
                          make_routing(routing, len(store.banks), store.n_experts, runner.cfg.router.top_k))
-    rt.set_bandwidths(prof["h2d_concurrent_gbps"] or 1e-9, prof["cpu_expert_concurrent_gbps"])
+    rt.qstar.use_profile(prof)
     return rt
 
 
@@ -88,28 +86,24 @@ def measure_policy(runner: ModelRunner, store, config: EngineConfig, routing: st
     Several modes share one runtime and take turns repeat by repeat, so a drift in the host's
     speed falls on each alike."""
     rt = decode_runtime(runner, store, config, routing, prof)
-    est, q0 = rt.estimator, rt.policy.q_star
-
-    def use(online: bool) -> None:
-        rt.estimator = est if online else None
-        rt.policy.q_star = est.q_star if online else q0
-
+    est = rt.qstar.estimator
     runs, q = {m: [] for m in modes}, {}
     for m in modes:
-        use(m)
+        rt.qstar.follow(m)
         decode_once(runner, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
     for _ in range(repeats):
         for m in modes:
-            use(m)
+            rt.qstar.follow(m)
             runs[m].append(decode_once(runner, prompt, tokens))
-            q[m] = rt.policy.q_star
+            q[m] = rt.qstar.value
     rows = []
     for m in modes:
         times, n = [t for t, _ in runs[m]], repeats * tokens
-        d = {k: sum(c[k] for _, c in runs[m]) / n for k in COUNTERS}
+        total = sum((c for _, c in runs[m]), CacheStats())
+        d = {k: v / n for k, v in asdict(total).items()}
         rows.append({"policy": config.moe_policy + ("" if m else " (fixed q*)"), "graph": runner.graphs is not None,
                      "tok_s": tokens / statistics.median(times),
-                     "hit_rate": d["hits"] / max(1e-9, d["hits"] + d["misses"]), **d, "q_star": q[m],
+                     "hit_rate": total.hit_rate, **d, "q_star": q[m],
                      "hit_bytes": d["hits"] * store.layout.slot_bytes,
                      **({"b_p_online_gbps": est.b_p / 1e9, "b_h_online_gbps": est.b_h / 1e9} if m else {})})
     return rows

@@ -55,12 +55,11 @@ def run(runner, config: EngineConfig, routing: str, variants: list[tuple[str, li
             decode_once(runner, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
             seconds, c = decode_once(runner, prompt, tokens)
             runs[name].append(tokens / seconds)
-            rt = runner.runtime
-            say(f"repeat {r + 1}, {name}: {runs[name][-1]:.2f} tok/s, hits "
-                f"{c['hits'] / max(1, c['hits'] + c['misses']):.1%}, MB per token filled "
-                f"{c['bytes_filled'] / tokens / 1e6:.1f} / CPU {c['bytes_cpu'] / tokens / 1e6:.1f}, q* "
-                f"{rt.policy.q_star:.3f}" + (f" (B_P {rt.estimator.b_p / 1e9:.1f}, B_H {rt.estimator.b_h / 1e9:.1f} GB/s)"
-                                             if rt.estimator else ""))
+            qs = runner.runtime.qstar
+            say(f"repeat {r + 1}, {name}: {runs[name][-1]:.2f} tok/s, hits {c.hit_rate:.1%}, MB per token filled "
+                f"{c.bytes_filled / tokens / 1e6:.1f} / CPU {c.bytes_cpu / tokens / 1e6:.1f}, q* "
+                f"{qs.value:.3f}" + (f" (B_P {qs.estimator.b_p / 1e9:.1f}, B_H {qs.estimator.b_h / 1e9:.1f} GB/s)"
+                                     if qs.estimator else ""))
     for (m, a), v in defaults.items():
         setattr(m, a, v)
     return runs

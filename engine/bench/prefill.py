@@ -27,13 +27,12 @@ def ttft(runner: ModelRunner, sched: Scheduler, prompt: list[int]) -> float:
 
 
 def row(runner: ModelRunner, mode: str, what: str, tokens: int, seconds: float, before, prof: dict) -> dict:
-    st, store = runner.runtime.cache.stats, runner.runtime.store
+    d, store = runner.runtime.cache.stats - before, runner.runtime.store
     layer_bytes = store.n_experts * store.layout.slot_bytes
     b_p = (prof["h2d_gbps"] or prof["cpu_expert_gbps"]) * 1e9
     bound = -(-tokens // runner.prefill_chunk) * len(store.banks) * layer_bytes / b_p
     return {"mode": mode, "prompt": what, "tokens": tokens, "ttft_s": seconds, "bound_s": bound,
-            "streamed_layers": st.stream_layers - before.stream_layers,
-            "moved_gib": (st.bytes_filled - before.bytes_filled) / 2**30}
+            "streamed_layers": d.stream_layers, "moved_gib": d.bytes_filled / 2**30}
 
 
 def run(runner: ModelRunner, base: EngineConfig, modes: list[str], lengths: list[int], follow_up: int,
@@ -43,7 +42,7 @@ def run(runner: ModelRunner, base: EngineConfig, modes: list[str], lengths: list
     for mode in modes:
         cfg = replace(base, prefill_mode=mode)
         rt = rebuild_experts(runner, runner.runtime.store, cfg)
-        rt.set_bandwidths(prof["h2d_gbps"] or 0.0, prof["cpu_expert_gbps"])
+        rt.qstar.use_profile(prof, concurrent=False)
         sched = Scheduler(runner, set(), 1, runner.prefill_chunk)
         ttft(runner, sched, torch.randint(0, vocab, (min(lengths),), generator=g).tolist())  # warm-up
         for n in lengths:
