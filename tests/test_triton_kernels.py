@@ -260,21 +260,30 @@ def test_plan_split_fetch_and_capacity():
 
 # ---------------------------------------------------------------- router
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,E,K,scoring,norm,scaling,bias", [
-    (1, 128, 8, "softmax", True, 1.0, False), (5, 60, 4, "softmax", False, 1.0, False),
-    (3, 256, 8, "sigmoid", True, 2.5, True), (7, 8, 2, "sigmoid", False, 1.0, False)])
-def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias):
+@pytest.mark.parametrize("T,E,K,scoring,norm,scaling,bias,groups", [
+    (1, 128, 8, "softmax", True, 1.0, False, None), (5, 60, 4, "softmax", False, 1.0, False, None),
+    (3, 256, 8, "sigmoid", True, 2.5, True, None), (7, 8, 2, "sigmoid", False, 1.0, False, None),
+    (4, 256, 8, "sigmoid", True, 2.5, True, (8, 4, "top2")),      # DeepSeek-V3 noaux_tc
+    (3, 12, 3, "sigmoid", True, 1.5, True, (3, 2, "top2")),        # groups of 4 (not a power of two: 3)
+    (5, 160, 6, "softmax", False, 16.0, False, (8, 3, "max")),     # DeepSeek-V2 group_limited_greedy
+    (2, 20, 3, "softmax", False, 1.0, False, (5, 1, "max"))])
+def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias, groups):
     from engine.models.base import RouterSpec
     from engine.moe.router import route_ref
     _need(dtype)
     gen = torch.Generator().manual_seed(T * E)
     logits = (torch.randn(T, E, generator=gen) * 2).to(dtype)
     b = torch.randn(E, generator=gen) * 0.1 if bias else None
-    spec = RouterSpec(top_k=K, scoring=scoring, norm_topk_prob=norm, scaling=scaling)
+    n_group, topk_group, group_score = groups or (1, 1, "top2")
+    spec = RouterSpec(top_k=K, scoring=scoring, norm_topk_prob=norm, scaling=scaling, bias=bias,
+                      n_group=n_group, topk_group=topk_group, group_score=group_score)
     w_ref, ids_ref = route_ref(logits, spec, b)
-    w, ids = route(logits.to(DEV), K, scoring, norm, scaling, None if b is None else b.to(DEV))
+    w, ids = route(logits.to(DEV), K, scoring, norm, scaling, None if b is None else b.to(DEV),
+                   n_group, topk_group, group_score)
     assert torch.equal(ids.cpu(), ids_ref) and w.dtype == dtype
     _close(w, w_ref.float(), dtype)
+    if groups:  # every chosen expert lies in one of topk_group groups
+        assert all(len(set((row // (E // n_group)).tolist())) <= topk_group for row in ids.cpu())
 
 
 # ---------------------------------------------------------------- attention prologue

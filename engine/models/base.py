@@ -23,6 +23,10 @@ class RouterSpec:
     scoring: str = "softmax"            # softmax | sigmoid
     norm_topk_prob: bool = False        # renormalise the top-k weights to sum to 1
     scaling: float = 1.0                # routed_scaling_factor
+    bias: bool = False                  # e_score_correction_bias: added to the scores for the choice only
+    n_group: int = 1                    # experts in n_group equal groups; the choice is limited to
+    topk_group: int = 1                 # the topk_group best groups,
+    group_score: str = "top2"           # each scored by top2 (the sum of its two best choice scores) | max
 
 
 @dataclass(frozen=True)
