@@ -120,7 +120,7 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context * config.max_running
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
-                cfg.num_kv_heads, cfg.head_dim, dtype, device)
+                *cfg.kv_row, dtype, device, values=cfg.mla is None)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
     rebuild_experts(runner, store, config)
     runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
@@ -137,11 +137,12 @@ def free_memory(device: torch.device) -> int:
 def prefill_bytes(chunk: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:
     """Device memory a prefill chunk of `chunk` tokens works in: per token, a layer step's hidden
     states, q/k/v/o, one row of the causal mask over the context (bool and additive) and the fp32 expert
-    intermediates; once, K and V of the whole context expanded to every query head."""
-    H, D, b = cfg.hidden_size, cfg.head_dim, dtype.itemsize
+    intermediates; once, K and V of the whole context expanded to every query head (MLA: decompressed)."""
+    H, b = cfg.hidden_size, dtype.itemsize
+    D = sum(cfg.attn_dims)  # a head's K and V widths
     inter = max(cfg.moe_intermediate_size, cfg.intermediate_size)
-    per_token = (4 * H + 2 * (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + 3 * max_context
-    return 2 * cfg.num_heads * D * max_context * b + chunk * per_token
+    per_token = (4 * H + (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + 3 * max_context
+    return cfg.num_heads * D * max_context * b + chunk * per_token
 
 
 def prefill_chunk_for(free: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:

@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from kernels import ref  # noqa: E402
 from kernels.attention_triton import paged_decode_attention  # noqa: E402
+from kernels.mla_triton import mla_decode_attention  # noqa: E402
 from kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
 from kernels.plan_triton import plan  # noqa: E402
 from kernels.router_triton import route  # noqa: E402
@@ -151,6 +152,43 @@ def test_paged_decode_attention_long_gpu(dtype):
                                  torch.tensor(lens, dtype=torch.int32, device=DEV), 128 ** -0.5)
     _close(out, ref.paged_attention(q.float(), k.float(), v.float(), pt, [1] * 4, lens,
                                     128 ** -0.5), dtype)
+
+
+# ---------------------------------------------------------------- MLA decode attention
+def _mla_case(B, Hq, C, R, page, lens, dtype, gen):
+    """Latent rows [P, page, 1, C + R] behind a shuffled page table (NaN past each sequence's
+    end), and latent-space queries [B, Hq, C + R]."""
+    (q, k, _), pt = _attn_case(B, Hq, 1, C + R, page, lens, torch.float32, gen)
+    return q.to(dtype), k.to(dtype), pt
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,Hq,C,R,page,lens,n_split", [
+    (3, 5, 32, 8, 4, [1, 13, 32], None), (3, 5, 32, 8, 4, [1, 13, 32], 1),
+    (2, 20, 48, 16, 16, [40, 7], 3), (1, 16, 64, 16, 8, [77], 2)])
+def test_mla_decode_attention_matches_ref(dtype, B, Hq, C, R, page, lens, n_split):
+    """Head blocks with a ragged tail (5, 20 heads), latent and rope widths that are not powers
+    of two, splits of the context, NaN in the unused rows of each last page."""
+    _need(dtype)
+    gen = torch.Generator().manual_seed(5)
+    q, kv, pt = _mla_case(B, Hq, C, R, page, lens, dtype, gen)
+    scale = 0.3
+    out = mla_decode_attention(q.to(DEV), kv.to(DEV), pt.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV),
+                               scale, C, n_split=n_split)
+    ref32 = ref.latent_attention(q.float(), kv.float(), pt, [1] * B, lens, scale, C)
+    assert out.dtype == dtype and out.shape == (B, Hq, C)
+    _close(out, ref32, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mla_decode_attention_deepseek_shape_gpu(dtype):
+    gen = torch.Generator().manual_seed(6)
+    lens = [4096, 1, 2500, 777]
+    q, kv, pt = _mla_case(4, 128, 512, 64, 16, lens, dtype, gen)
+    out = mla_decode_attention(q.to(DEV), kv.to(DEV), pt.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV),
+                               192 ** -0.5, 512)
+    _close(out, ref.latent_attention(q.float(), kv.float(), pt, [1] * 4, lens, 192 ** -0.5, 512), dtype)
 
 
 # ---------------------------------------------------------------- plan
