@@ -14,7 +14,7 @@ from engine.kv.paged import KVPool
 from engine.layers.rope import Rope
 from engine.models import model_config
 from engine.models.base import DTYPES, ModelConfig
-from engine.models.transformer import CausalLM, checkpoint_names
+from engine.models.transformer import CausalLM, checkpoint_names, param_dtype
 from engine.moe.cache import ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
 from engine.moe.policy import MissPolicy
@@ -48,7 +48,7 @@ def load_dense(reader, cfg: ModelConfig, device: torch.device, dtype: torch.dtyp
     sd = {}
     for n in names:
         parts = [reader.read(p) for p in checkpoint_names(n)]
-        sd[n] = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(dtype)
+        sd[n] = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(param_dtype(n, dtype))
     if cfg.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     model.load_state_dict(sd, assign=True, strict=True)

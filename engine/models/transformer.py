@@ -16,6 +16,14 @@ from engine.moe.block import MoEBlock
 
 # parameters made of several checkpoint tensors, concatenated along dim 0
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+# kept in float32 whatever the model's dtype, as transformers does: the correction bias ranks
+# experts by differences finer than bf16 resolves
+FP32 = (".e_score_correction_bias",)
+
+
+def param_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a parameter (or checkpoint tensor) is stored and used in."""
+    return torch.float32 if name.endswith(FP32) else dtype
 
 
 def checkpoint_names(name: str) -> list[str]:
