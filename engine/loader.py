@@ -106,7 +106,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     model.to(device, dtype).requires_grad_(False)
     model.rope = Rope(cfg.rope, cfg.head_dim, device)
     layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, DTYPES[cfg.dtype])
-    store = HostExpertStore.empty(cfg.num_layers, cfg.num_experts, layout)
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, layout)
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
     if device.type == "cuda":
         store.pin()

@@ -71,3 +71,19 @@ def test_deepseek_without_interleaved_rotary_rows(tmp_path):
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0]
     assert rel_err(prefill_logits(load(tmp_path / "ftw"), ids), want) < 1e-4
+
+
+def test_correction_bias_stays_float32(tmp_path):
+    """A bf16 conversion keeps e_score_correction_bias in float32 (it ranks experts by
+    differences bf16 cannot resolve), and so does the loaded model."""
+    import tiny
+
+    from engine.convert import convert
+    from ftw import FTWReader
+    tiny.build("glm4_moe", tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "ftw", dtype="bf16")
+    reader = FTWReader(tmp_path / "ftw")
+    assert reader.info("model.layers.1.mlp.gate.e_score_correction_bias").dtype == torch.float32
+    assert reader.info("model.layers.1.mlp.gate.weight").dtype == torch.bfloat16
+    block = load(tmp_path / "ftw").model.moe_blocks()[0]
+    assert block.gate.e_score_correction_bias.dtype == torch.float32
