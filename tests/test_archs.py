@@ -1,7 +1,7 @@
 """DeepSeek-V2/V3 (MLA, group-limited routing) and GLM-4.5 beyond the shared parity suite:
 transformers' greedy tokens under every miss policy at the full and a one-layer expert budget,
 on both control paths; multi-token-prediction layers ignored at conversion; DeepSeek checkpoints
-whose rotary rows are not interleaved."""
+whose rotary rows are not interleaved, and Kimi-K2's model_type."""
 import logging
 
 import pytest
@@ -61,11 +61,19 @@ def test_mtp_layers_are_ignored_at_conversion(tmp_path, caplog):
     assert rel_err(prefill_logits(load(tmp_path / "ftw"), ids), want) < 1e-4
 
 
-def test_deepseek_without_interleaved_rotary_rows(tmp_path):
+@pytest.mark.parametrize("model_type, kw", [("deepseek_v3", {"rope_interleave": False}),
+                                           ("kimi_k2", {"n_group": 1, "topk_group": 1})])
+def test_deepseek_variants(tmp_path, model_type, kw):
+    """A DeepSeek-V3 checkpoint whose rotary rows are not interleaved; Kimi-K2's config, which
+    names the DeepSeek-V3 architecture kimi_k2."""
+    import json
+
     import tiny
 
     from engine.convert import convert
-    ref = tiny.build("deepseek_v3", tmp_path / "hf", rope_interleave=False)
+    ref = tiny.build("deepseek_v3", tmp_path / "hf", **kw)
+    cfg = tmp_path / "hf" / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "model_type": model_type}))
     convert(tmp_path / "hf", tmp_path / "ftw")
     ids = prompt()
     with torch.no_grad():

@@ -27,9 +27,9 @@ def hf_config(arch: str, **kw):
            "v_head_dim": 12, "moe_intermediate_size": 32, "num_experts_per_tok": 3, "first_k_dense_replace": 1}
     yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128)
     if arch == "deepseek_v3":  # mscale != mscale_all_dim: both the rotary and the softmax scale move
-        return tf.DeepseekV3Config(**mla, q_lora_rank=24, n_routed_experts=16, n_group=4, topk_group=2,
-                                   n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=True,
-                                   rope_parameters={**yarn, "mscale": 0.8, "mscale_all_dim": 1.0})
+        return tf.DeepseekV3Config(**{**mla, "q_lora_rank": 24, "n_routed_experts": 16, "n_group": 4, "topk_group": 2,
+                                      "n_shared_experts": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+                                      "rope_parameters": {**yarn, "mscale": 0.8, "mscale_all_dim": 1.0}, **kw})
     if arch == "deepseek_v2":  # V2-Lite's plain q_proj and mscale, V2's group-limited softmax routing
         return tf.DeepseekV2Config(**{**mla, "num_attention_heads": 8, "num_key_value_heads": 8}, q_lora_rank=None,
                                    n_routed_experts=12, n_group=3, topk_group=2, topk_method="group_limited_greedy",

@@ -14,7 +14,7 @@ import torch
 from engine.errors import UserError
 from engine.models.base import ModelConfig
 
-ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3", "glm4_moe")
+ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe")
 
 
 def arch_module(model_type: str | None) -> ModuleType:
