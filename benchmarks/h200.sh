@@ -14,12 +14,12 @@ tests)
   lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Flags" | cut -c1-300 >> "$out/env.txt"
   timeout -s ABRT 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_triton_kernels.py tests/test_graphs.py tests/test_prefill.py \
     tests/test_parity.py tests/test_expert_memory.py tests/test_policies.py tests/test_cpu_executor.py \
-    tests/test_radix.py tests/test_ftw.py > "$out/gpu_tests.txt" 2>&1
+    tests/test_radix.py tests/test_ftw.py tests/test_archs.py > "$out/gpu_tests.txt" 2>&1
   tail -5 "$out/gpu_tests.txt"
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2> "$out/profile.err"; cat "$out/profile.json"
   python3 -c "from kernels.moe_triton import bench_moe; from kernels.attention_triton import bench_attention
-from kernels.plan_triton import bench_plan; from kernels.fill_triton import bench_fill
-print(bench_moe()); print(bench_attention()); print(bench_plan()); print(bench_fill())" > "$out/kernels.txt" 2>&1
+from kernels.plan_triton import bench_plan; from kernels.fill_triton import bench_fill; from kernels.mla_triton import bench_mla
+print(bench_moe()); print(bench_attention()); print(bench_plan()); print(bench_fill()); print(bench_mla())" > "$out/kernels.txt" 2>&1
   tail -3 "$out/kernels.txt" ;;
 graphs)  # graph decode: GPU tests, then graph vs eager rows
   timeout -s ABRT 300 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py \

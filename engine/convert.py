@@ -4,6 +4,7 @@ stored per expert or fused, are packed into one [E, slot_bytes] bank in the runt
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from pathlib import Path
 from typing import Callable
@@ -11,7 +12,7 @@ from typing import Callable
 import torch
 
 from engine.errors import UserError
-from engine.models import arch_module, canonical_name, model_config, read_hf_config
+from engine.models import arch_module, canonical_name, dense_tensor, model_config, read_hf_config
 from engine.models.base import DTYPES, ModelConfig
 from engine.moe.layout import SlotLayout
 from engine.moe.store import bank_name
@@ -19,10 +20,12 @@ from engine.moe.store import bank_name
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "vocab.json",
               "merges.txt", "tokenizer.model", "added_tokens.json")
+LAYER = re.compile(r"model\.layers\.(\d+)\.")
 EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\."
                     r"(?:(\d+)\.(gate_proj|up_proj|down_proj)\.weight|(gate_up_proj|down_proj))$")
 IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 CONVERTER = "freetoken-convert-1"
+log = logging.getLogger("freetoken.convert")
 
 
 class Source:
@@ -43,6 +46,14 @@ class Source:
             for k in keys:
                 self.where[canonical_name(model_type, k)] = (h, k, f)
         self.files = files
+
+    def drop_layers_from(self, n_layers: int) -> int:
+        """Forget the tensors of layers >= n_layers (DeepSeek's and GLM's multi-token-prediction
+        layers, which plain decoding never runs) -> how many there were."""
+        extra = [n for n in self.where if (m := LAYER.match(n)) and int(m.group(1)) >= n_layers]
+        for n in extra:
+            del self.where[n]
+        return len(extra)
 
     def get(self, name: str) -> torch.Tensor:
         h, key, f = self.where[name]
@@ -114,6 +125,9 @@ def convert(src_dir: Path, out: Path, dtype: str = "auto", force: bool = False,
     dt_name = target_dtype(cfg, dtype)
     dt = DTYPES[dt_name]
     src = Source(src_dir, cfg.model_type)
+    if mtp := src.drop_layers_from(cfg.num_layers):
+        log.warning("ignoring %d tensors of layers >= %d (multi-token prediction, unused by decoding)",
+                    mtp, cfg.num_layers)
     check_names(src, cfg)
     layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, dt)
     meta = {"model_type": cfg.model_type, "dtype": dt_name, "layout": layout.to_meta(),
@@ -122,13 +136,13 @@ def convert(src_dir: Path, out: Path, dtype: str = "auto", force: bool = False,
         dense = sorted(n for n in src.where if not EXPERT.match(n) and not IGNORED.search(n))
         for layer in range(cfg.num_layers):
             for n in (n for n in dense if n.startswith(f"model.layers.{layer}.")):
-                w.add(n, src.get(n).to(dt).contiguous())
+                w.add(n, dense_tensor(cfg, n, src.get(n), dt))
             if cfg.moe_layers[layer]:
                 w.add(bank_name(layer), pack_bank(src, layer, cfg, layout, dt), meta={"bank": True})
             if progress:
                 progress(layer + 1, cfg.num_layers)
         for n in (n for n in dense if not n.startswith("model.layers.")):
-            w.add(n, src.get(n).to(dt).contiguous())
+            w.add(n, dense_tensor(cfg, n, src.get(n), dt))
         for name in SIDE_FILES:
             if (src_dir / name).exists():
                 w.copy_file(src_dir / name, name)

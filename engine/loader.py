@@ -14,7 +14,7 @@ from engine.kv.paged import KVPool
 from engine.layers.rope import Rope
 from engine.models import model_config
 from engine.models.base import DTYPES, ModelConfig
-from engine.models.transformer import CausalLM, checkpoint_names
+from engine.models.transformer import CausalLM, checkpoint_names, param_dtype
 from engine.moe.cache import ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
 from engine.moe.policy import MissPolicy
@@ -48,7 +48,7 @@ def load_dense(reader, cfg: ModelConfig, device: torch.device, dtype: torch.dtyp
     sd = {}
     for n in names:
         parts = [reader.read(p) for p in checkpoint_names(n)]
-        sd[n] = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(dtype)
+        sd[n] = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(param_dtype(n, dtype))
     if cfg.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     model.load_state_dict(sd, assign=True, strict=True)
@@ -106,7 +106,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     model.to(device, dtype).requires_grad_(False)
     model.rope = Rope(cfg.rope, cfg.head_dim, device)
     layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, DTYPES[cfg.dtype])
-    store = HostExpertStore.empty(cfg.num_layers, cfg.num_experts, layout)
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, layout)
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
     if device.type == "cuda":
         store.pin()
@@ -120,7 +120,7 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context * config.max_running
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
-                cfg.num_kv_heads, cfg.head_dim, dtype, device)
+                *cfg.kv_row, dtype, device, values=cfg.mla is None)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
     rebuild_experts(runner, store, config)
     runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
@@ -137,11 +137,12 @@ def free_memory(device: torch.device) -> int:
 def prefill_bytes(chunk: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:
     """Device memory a prefill chunk of `chunk` tokens works in: per token, a layer step's hidden
     states, q/k/v/o, one row of the causal mask over the context (bool and additive) and the fp32 expert
-    intermediates; once, K and V of the whole context expanded to every query head."""
-    H, D, b = cfg.hidden_size, cfg.head_dim, dtype.itemsize
+    intermediates; once, K and V of the whole context expanded to every query head (MLA: decompressed)."""
+    H, b = cfg.hidden_size, dtype.itemsize
+    D = sum(cfg.attn_dims)  # a head's K and V widths
     inter = max(cfg.moe_intermediate_size, cfg.intermediate_size)
-    per_token = (4 * H + 2 * (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + 3 * max_context
-    return 2 * cfg.num_heads * D * max_context * b + chunk * per_token
+    per_token = (4 * H + (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + 3 * max_context
+    return cfg.num_heads * D * max_context * b + chunk * per_token
 
 
 def prefill_chunk_for(free: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:

@@ -10,7 +10,8 @@ import typer
 
 from freetoken_cli.common import ModelArg, Progress, engine_config, user_errors
 
-Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny")
+Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, "
+                                        "deepseek-v3, glm-4.5-air, tiny")
 Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
 Threads = typer.Option(None, help="CPU expert threads")
 Device = typer.Option("auto", help="cuda | cpu | auto")

@@ -74,6 +74,17 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     return torch.cat(out, dim=0)
 
 
+def latent_attention(q: torch.Tensor, latent_pool: torch.Tensor, page_table: torch.Tensor,
+                     q_lens: list[int], ctx_lens: list[int], scale: float, v_dim: int) -> torch.Tensor:
+    """Multi-head latent attention with absorbed weights: one shared latent head (MQA).
+
+    q [T, Hq, C + R]: each head's query with its no-rope part folded into the latent space
+    (q_nope @ W_UK), then its rotary part; latent_pool [P, page, 1, C + R] holds each token's
+    normed latent (C = v_dim) and its rotated rope key, and the latents are also the values.
+    Returns [T, Hq, C] (the caller applies W_UV)."""
+    return paged_attention(q, latent_pool, latent_pool[..., :v_dim], page_table, q_lens, ctx_lens, scale)
+
+
 def split_fetch(m: int, q: float, recurring: bool = False) -> int:
     """How many of m misses to fetch over PCIe (the rest run on the CPU): the integer F in
     {floor(qm), floor(qm)+1} that minimises the slower branch max(F/q, (m-F)/(1-q)), where

@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from kernels import ref  # noqa: E402
 from kernels.attention_triton import paged_decode_attention  # noqa: E402
+from kernels.mla_triton import mla_decode_attention  # noqa: E402
 from kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
 from kernels.plan_triton import plan  # noqa: E402
 from kernels.router_triton import route  # noqa: E402
@@ -153,6 +154,43 @@ def test_paged_decode_attention_long_gpu(dtype):
                                     128 ** -0.5), dtype)
 
 
+# ---------------------------------------------------------------- MLA decode attention
+def _mla_case(B, Hq, C, R, page, lens, dtype, gen):
+    """Latent rows [P, page, 1, C + R] behind a shuffled page table (NaN past each sequence's
+    end), and latent-space queries [B, Hq, C + R]."""
+    (q, k, _), pt = _attn_case(B, Hq, 1, C + R, page, lens, torch.float32, gen)
+    return q.to(dtype), k.to(dtype), pt
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,Hq,C,R,page,lens,n_split", [
+    (3, 5, 32, 8, 4, [1, 13, 32], None), (3, 5, 32, 8, 4, [1, 13, 32], 1),
+    (2, 20, 48, 16, 16, [40, 7], 3), (1, 16, 64, 16, 8, [77], 2)])
+def test_mla_decode_attention_matches_ref(dtype, B, Hq, C, R, page, lens, n_split):
+    """Head blocks with a ragged tail (5, 20 heads), latent and rope widths that are not powers
+    of two, splits of the context, NaN in the unused rows of each last page."""
+    _need(dtype)
+    gen = torch.Generator().manual_seed(5)
+    q, kv, pt = _mla_case(B, Hq, C, R, page, lens, dtype, gen)
+    scale = 0.3
+    out = mla_decode_attention(q.to(DEV), kv.to(DEV), pt.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV),
+                               scale, C, n_split=n_split)
+    ref32 = ref.latent_attention(q.float(), kv.float(), pt, [1] * B, lens, scale, C)
+    assert out.dtype == dtype and out.shape == (B, Hq, C)
+    _close(out, ref32, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mla_decode_attention_deepseek_shape_gpu(dtype):
+    gen = torch.Generator().manual_seed(6)
+    lens = [4096, 1, 2500, 777]
+    q, kv, pt = _mla_case(4, 128, 512, 64, 16, lens, dtype, gen)
+    out = mla_decode_attention(q.to(DEV), kv.to(DEV), pt.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV),
+                               192 ** -0.5, 512)
+    _close(out, ref.latent_attention(q.float(), kv.float(), pt, [1] * 4, lens, 192 ** -0.5, 512), dtype)
+
+
 # ---------------------------------------------------------------- plan
 def _tables(L, E, S):
     return [torch.full((n,), -1, dtype=torch.int64) for n in (L * E, S, S, L * E)]
@@ -260,21 +298,30 @@ def test_plan_split_fetch_and_capacity():
 
 # ---------------------------------------------------------------- router
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,E,K,scoring,norm,scaling,bias", [
-    (1, 128, 8, "softmax", True, 1.0, False), (5, 60, 4, "softmax", False, 1.0, False),
-    (3, 256, 8, "sigmoid", True, 2.5, True), (7, 8, 2, "sigmoid", False, 1.0, False)])
-def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias):
+@pytest.mark.parametrize("T,E,K,scoring,norm,scaling,bias,groups", [
+    (1, 128, 8, "softmax", True, 1.0, False, None), (5, 60, 4, "softmax", False, 1.0, False, None),
+    (3, 256, 8, "sigmoid", True, 2.5, True, None), (7, 8, 2, "sigmoid", False, 1.0, False, None),
+    (4, 256, 8, "sigmoid", True, 2.5, True, (8, 4, "top2")),      # DeepSeek-V3 noaux_tc
+    (3, 12, 3, "sigmoid", True, 1.5, True, (3, 2, "top2")),        # groups of 4 (not a power of two: 3)
+    (5, 160, 6, "softmax", False, 16.0, False, (8, 3, "max")),     # DeepSeek-V2 group_limited_greedy
+    (2, 20, 3, "softmax", False, 1.0, False, (5, 1, "max"))])
+def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias, groups):
     from engine.models.base import RouterSpec
     from engine.moe.router import route_ref
     _need(dtype)
     gen = torch.Generator().manual_seed(T * E)
     logits = (torch.randn(T, E, generator=gen) * 2).to(dtype)
     b = torch.randn(E, generator=gen) * 0.1 if bias else None
-    spec = RouterSpec(top_k=K, scoring=scoring, norm_topk_prob=norm, scaling=scaling)
+    n_group, topk_group, group_score = groups or (1, 1, "top2")
+    spec = RouterSpec(top_k=K, scoring=scoring, norm_topk_prob=norm, scaling=scaling, bias=bias,
+                      n_group=n_group, topk_group=topk_group, group_score=group_score)
     w_ref, ids_ref = route_ref(logits, spec, b)
-    w, ids = route(logits.to(DEV), K, scoring, norm, scaling, None if b is None else b.to(DEV))
+    w, ids = route(logits.to(DEV), K, scoring, norm, scaling, None if b is None else b.to(DEV),
+                   n_group, topk_group, group_score)
     assert torch.equal(ids.cpu(), ids_ref) and w.dtype == dtype
     _close(w, w_ref.float(), dtype)
+    if groups:  # every chosen expert lies in one of topk_group groups
+        assert all(len(set((row // (E // n_group)).tolist())) <= topk_group for row in ids.cpu())
 
 
 # ---------------------------------------------------------------- attention prologue

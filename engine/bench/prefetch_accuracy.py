@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.moe.router import route
 
 
 def accuracy(runner, tokens: list[int]) -> list[float]:
@@ -29,8 +28,8 @@ def accuracy(runner, tokens: list[int]) -> list[float]:
             h.remove()
     out = []
     for i, nxt in enumerate(blocks[1:]):
-        pred = route(nxt.gate(inputs[i]), nxt.spec)[1]
-        real = route(nxt.gate(inputs[i + 1]), nxt.spec)[1]
+        pred = nxt.route(inputs[i])[1]
+        real = nxt.route(inputs[i + 1])[1]
         out.append(float((pred[:, :, None] == real[:, None, :]).any(-1).float().mean()))
     return out
 
