@@ -295,3 +295,50 @@ class Poller:
             self._h = None
 
     __del__ = close
+
+
+def _constant_bank(fmt: str, n_experts: int, hidden: int, inter: int, group: int = 128) -> tuple:
+    """(w_gate_up, w_down) of n_experts filled with constants, for timing (the values do not
+    change it): tensors for fp32/bf16/fp16, QWeights (blocks of 1 x group, fp8 group x group,
+    fp16 scales, fp32 for fp8) for the quantized formats."""
+    plain = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if fmt in plain:
+        return tuple(torch.full((n_experts, n, k), 0.01, dtype=plain[fmt]) for n, k in ((2 * inter, hidden), (hidden, inter)))
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; supported: {', '.join([*plain, *FORMATS])}")
+    bn, bk = {"fp8": (group, group), "mxfp4": (1, 32)}.get(fmt, (1, group))
+
+    def qweight(n: int, k: int) -> QWeight:
+        q = torch.full((n_experts, n, k // 2 if fmt in ("int4", "mxfp4") else k), 0x37, dtype=torch.uint8)
+        blocks = (n_experts, -(-n // bn), -(-k // bk))
+        s = torch.full(blocks, 127, dtype=torch.uint8) if fmt == "mxfp4" else \
+            torch.full(blocks, 0.01, dtype=torch.float32 if fmt == "fp8" else torch.float16)
+        z = torch.full(blocks, 8, dtype=torch.uint8) if fmt in ("int4", "int8") else None
+        return QWeight(fmt, q.view(torch.float8_e4m3fn) if fmt == "fp8" else q, s, z, (bn, bk))
+
+    return qweight(2 * inter, hidden), qweight(hidden, inter)
+
+
+def expert_gbps(fmt: str, threads: int | None = None, seconds: float = 1.0, bank_bytes: int = 1 << 30,
+                shape: tuple[int, int] = (2048, 768), group: int = 128) -> float:
+    """B_H of one weight format (fp32, bf16, fp16 or a kernels.quant format): GB/s of expert bytes
+    (of a quantized format: its codes, scales and zero points) that the executor with `threads`
+    threads reads at batch 1, in steps of 8 distinct experts of shape (hidden, moe_intermediate)
+    cycling through bank_bytes of experts (make that exceed the CPU caches), timed by the
+    executor's own clock from submit to retire."""
+    hidden, inter = shape
+    one = _constant_bank(fmt, 1, hidden, inter, group)
+    per_expert = sum(w.nbytes_per_slot if isinstance(w, QWeight) else w[0].nbytes for w in one)
+    n = max(8, -(-bank_bytes // per_expert))
+    gu, down = _constant_bank(fmt, n, hidden, inter, group)
+    ex = CPUExecutor(threads)
+    try:
+        x, out, w = torch.randn(1, hidden), torch.empty(1, hidden), torch.full((1, 8), 1 / 8)
+        i, busy, t0 = 0, 0.0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            job = ex.submit(x, gu, down, (torch.arange(8) + i).remainder(n).view(1, 8), w, out)
+            job.wait()
+            busy, i = busy + job.seconds, i + 8
+    finally:
+        ex.close()
+    return i * per_expert / busy / 1e9

@@ -323,22 +323,26 @@ def test_quantized_block_sizes(ex, pools, backend, fmt, group):
     check_qparity(e, fmt, False, 3, 2, H=96, I=48, group=group)
 
 
-@pytest.mark.parametrize("fmt", ["int4", "int8", "fp8"])
-@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fmt,scale_dtype", [(f, d) for f in ("int4", "int8", "fp8")
+                                              for d in (torch.float32, torch.bfloat16, torch.float16)]
+                         + [("mxfp4", torch.uint8)])
 def test_quantized_scale_dtypes_and_partial_blocks(ex, pools, fmt, scale_dtype):
-    """Parts drawn at random in the layout's general form: every scale dtype, blocks of several
-    rows (fp8) and blocks that overhang the matrix (ceil(N / bn) x ceil(K / bk) scales)."""
+    """Parts drawn at random in the layout's general form: every scale dtype, every code (fp8
+    subnormals too), blocks of several rows (fp8) and last blocks that overhang the matrix
+    (ceil(N / bn) x ceil(K / bk) scales; for int4 and mxfp4 also a row whose end is not a whole
+    chunk of the SIMD paths)."""
     g = torch.Generator().manual_seed(3)
-    H, I, (bn, bk) = 80, 48, ((32, 48) if fmt == "fp8" else (1, 24))
+    H, I, (bn, bk) = 80, 48, {"fp8": (32, 48), "int8": (1, 24)}.get(fmt, (1, 32))
 
     def parts(N, K):
-        kq = K // 2 if fmt == "int4" else K
-        q = (torch.randn(N, K, generator=g) * 100).to(torch.float8_e4m3fn) if fmt == "fp8" else \
-            torch.randint(0, 256, (N, kq), generator=g, dtype=torch.uint8)
+        q = torch.randint(0, 256, (N, K // 2 if fmt in ("int4", "mxfp4") else K), generator=g, dtype=torch.uint8)
+        if fmt == "fp8":
+            q = q.masked_fill((q & 0x7F) == 0x7F, 0).view(torch.float8_e4m3fn)  # no NaN codes
         nb, kb = -(-N // bn), -(-K // bk)
-        s = (torch.rand(nb, kb, generator=g) / K).to(scale_dtype)
-        z = None if fmt == "fp8" else torch.randint(0, 16 if fmt == "int4" else 256, (nb, kb), generator=g,
-                                                    dtype=torch.uint8)
+        s = torch.randint(118, 130, (nb, kb), generator=g, dtype=torch.uint8) if fmt == "mxfp4" else \
+            (torch.rand(nb, kb, generator=g) / K).to(scale_dtype)
+        z = torch.randint(0, 16 if fmt == "int4" else 256, (nb, kb), generator=g, dtype=torch.uint8) \
+            if fmt in ("int4", "int8") else None
         return q, s, z
 
     w = qweights(fmt, {"gate_up": [parts(2 * I, H) for _ in range(E)], "down": [parts(H, I) for _ in range(E)]},
@@ -377,3 +381,11 @@ def test_quantized_bad_expert_id_and_validation(ex, ex_torch):
     with pytest.raises(ValueError, match="contiguous"):
         ex.submit(x, QWeight("int4", gu.q, gu.s.transpose(1, 2).contiguous().transpose(1, 2), gu.z, gu.block),
                   down, ids, w, torch.empty(2, 96))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int4", "int8", "fp8", "mxfp4"])
+def test_expert_gbps_probe(fmt):
+    gbps = cpu_executor.expert_gbps(fmt, threads=1, seconds=0.05, bank_bytes=1 << 20, shape=(64, 32), group=32)
+    assert gbps > 0
+    with pytest.raises(ValueError, match="supported"):
+        cpu_executor.expert_gbps("int3", threads=1, seconds=0.01)

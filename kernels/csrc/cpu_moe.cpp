@@ -73,6 +73,19 @@ Row row(const Mat& m, int64_t e, int n, int K) {
 }
 
 using RowsFn = void (*)(const Row& w, const void* const* x, int nx, float* out);  // out[i] = w . x[i]
+struct Kernel {
+  RowsFn fn;
+  int chunk;  // activations in permute(.., chunk) order; 0: plain order
+};
+
+// Position of element k of a length-K activation row read by a kernel of the given chunk: within
+// each whole chunk of c, the even k first, then the odd ones (the low, then the high nibbles of
+// c / 2 bytes of codes); the last K % c elements stay in place.
+inline int permute(int k, int K, int c) {
+  if (c == 0 || k >= K / c * c) return k;
+  int o = k % c;
+  return k - o + (o & 1) * (c / 2) + (o >> 1);
+}
 using DotFn = float (*)(const void* w, const void* x, int n);  // fp32 dot of two length-n rows
 
 float bf2f(uint16_t v) { uint32_t u = uint32_t(v) << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -88,19 +101,17 @@ uint16_t f2bf(float f) {  // round to nearest even, NaN kept a NaN
 // every path decodes it so, and block_scale puts the 256 back). mxfp4: the e2m1 value.
 constexpr float kE2M1[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
                              -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
-template <int F> inline float code_value(const uint8_t* q, int k, int z) {
+template <int F> inline float code_value(const uint8_t* q, int k, float z) {
   if constexpr (F == INT4 || F == MXFP4) {
     int c = (q[k >> 1] >> ((k & 1) * 4)) & 15;  // the even k in the low nibble
-    if constexpr (F == INT4) return float(c - z); else return kE2M1[c];
+    if constexpr (F == INT4) return float(c) - z; else return kE2M1[c];
   } else if constexpr (F == INT8) {
-    return float(int(q[k]) - z);
+    return float(q[k]) - z;
   } else {
     return h2f(uint16_t(((q[k] & 0x80) << 8) | ((q[k] & 0x7f) << 7)));
   }
 }
-template <int F> inline int zero_point(const Row& w, int g) {
-  if constexpr (F == INT4 || F == INT8) return w.z[g]; else return 0;
-}
+// The scale of block g of a row (fp8: times 256, see code_value).
 template <int F> inline float block_scale(const Row& w, int g) {
   if constexpr (F == MXFP4) {  // e8m0: 2 ** (e - 127), e = 0 being the subnormal 2 ** -127
     uint32_t e = uint8_t(w.s[g]), u = e ? e << 23 : 0x400000u;
@@ -125,19 +136,26 @@ template <int D> float dot_scalar(const void* w, const void* x, int n) {
   return s;
 }
 
-// Vector traits of the quantized row kernel (cpu_moe_qrow.h), one per path: W fp32 lanes, and
-// dequant<F>(q, k, z): elements k .. k + W - 1 of a row, as code_value gives them.
+// Vector traits of the quantized row kernel (cpu_moe_qrow.h), one per path: W fp32 lanes;
+// dequant<F>(q, zv): W int8/fp8 codes from q on; nibbles<F>(q, zv, a, b): the low nibbles of W
+// bytes from q on, then their high nibbles; each as code_value gives them, for zv = kZeroBias + z
+// in every lane. The SIMD paths subtract the zero point as floats: lane bits 0x4B000000 | c are
+// 2**23 + c, and (2**23 + c) - (2**23 + z) = c - z exactly.
 struct Scalar {
   static constexpr int W = 1;
   using R = float;
   static R zero() { return 0.f; }
   static R set1(float v) { return v; }
-  static int zero_point(int z) { return z; }
+  static constexpr float kZeroBias = 0.f;
   static R load(const float* p) { return *p; }
   static R fma(R a, R b, R c) { return a * b + c; }
+  static R mul(R a, R b) { return a * b; }
   static R add(R a, R b) { return a + b; }
   static float sum(R v) { return v; }
-  template <int F> static R dequant(const uint8_t* q, int k, int z) { return code_value<F>(q, k, z); }
+  template <int F> static R dequant(const uint8_t* q, float z) { return code_value<F>(q, 0, z); }
+  template <int F> static void nibbles(const uint8_t* q, float z, R& a, R& b) {
+    a = code_value<F>(q, 0, z), b = code_value<F>(q, 1, z);
+  }
 };
 
 namespace scalar {
@@ -186,32 +204,38 @@ struct V256 {
   using R = __m256;
   static R zero() { return _mm256_setzero_ps(); }
   static R set1(float v) { return _mm256_set1_ps(v); }
-  static __m256i zero_point(int z) { return _mm256_set1_epi32(z); }
+  static constexpr float kZeroBias = 8388608.f;
   static R load(const float* p) { return _mm256_loadu_ps(p); }
   static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
   static R add(R a, R b) { return _mm256_add_ps(a, b); }
   static float sum(R v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_hadd_ps(s, s);
     return _mm_cvtss_f32(_mm_hadd_ps(s, s));
   }
-  template <int F> static R dequant(const uint8_t* q, int k, __m256i z) {
-    if constexpr (F == INT8) {
-      __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k)));
-      return _mm256_cvtepi32_ps(_mm256_sub_epi32(c, z));
-    } else if constexpr (F == FP8) {  // byte to the top of a 16-bit lane, sign kept, e and m down 1
-      __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k))), 8);
-      return _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(h, 1), _mm_set1_epi16(short(0xBF80))));
-    } else {  // 8 nibbles: broadcast their 4 bytes, shift nibble i down in lane i
-      uint32_t u;
-      memcpy(&u, q + k / 2, 4);
-      __m256i b = _mm256_set1_epi32(int(u));
-      __m256i c = _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-      if constexpr (F == INT4) return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(c, _mm256_set1_epi32(15)), z));
-      // e2m1: the magnitude from a table by the low 3 bits, the nibble's top bit up to the sign
-      __m256 mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f), c);
-      __m256i sign = _mm256_sllv_epi32(b, _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0));
-      return _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_and_si256(sign, _mm256_set1_epi32(INT32_MIN))));
+  static __m128i load8(const uint8_t* q) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)); }
+  static R minus_zero(__m256i c, R zv) {
+    return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(c, _mm256_set1_epi32(0x4B000000))), zv);
+  }
+  template <int F> static R dequant(const uint8_t* q, R zv) {
+    if constexpr (F == INT8) return minus_zero(_mm256_cvtepu8_epi32(load8(q)), zv);
+    // fp8: sign-extended to 16 bits and shifted up 7, e4m3 keeps its sign at bit 15 and has its
+    // exponent and mantissa under fp16's; clearing bit 14 leaves the fp16 of code_value
+    __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(load8(q)), 7);
+    return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16(short(0xBF80))));
+  }
+  template <int F> static void nibbles(const uint8_t* q, R zv, R& a, R& b) {
+    __m256i c = _mm256_cvtepu8_epi32(load8(q)), hi = _mm256_srli_epi32(c, 4);
+    if constexpr (F == INT4) {
+      a = minus_zero(_mm256_and_si256(c, _mm256_set1_epi32(15)), zv), b = minus_zero(hi, zv);
+    } else {  // e2m1: the magnitude from a table by the low 3 bits, the nibble's top bit the sign
+      const __m256 mag = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+      const __m256i sign = _mm256_set1_epi32(INT32_MIN);
+      a = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, c),
+                        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 28), sign)));
+      b = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, hi),
+                        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 24), sign)));
     }
   }
 };
@@ -227,31 +251,35 @@ using V = V256;
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw")
 
-struct V512 {
+struct V512 {  // as V256
   static constexpr int W = 16;
   using R = __m512;
   static R zero() { return _mm512_setzero_ps(); }
   static R set1(float v) { return _mm512_set1_ps(v); }
-  static __m512i zero_point(int z) { return _mm512_set1_epi32(z); }
+  static constexpr float kZeroBias = 8388608.f;
   static R load(const float* p) { return _mm512_loadu_ps(p); }
   static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
   static R add(R a, R b) { return _mm512_add_ps(a, b); }
   static float sum(R v) { return _mm512_reduce_add_ps(v); }
-  template <int F> static R dequant(const uint8_t* q, int k, __m512i z) {
-    if constexpr (F == INT8) {
-      __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k)));
-      return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, z));
-    } else if constexpr (F == FP8) {  // as V256
-      __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k))), 8);
-      return _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(h, 1), _mm256_set1_epi16(short(0xBF80))));
-    } else {  // 16 nibbles: lanes 0-7 get the first 4 bytes, 8-15 the next 4; as V256
-      __m512i b = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                           _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k / 2))));
-      __m512i c = _mm512_srlv_epi32(b, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28));
-      if constexpr (F == INT4) return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(c, _mm512_set1_epi32(15)), z));
-      // e2m1: a 16-entry table indexed by the low 4 bits, sign included
-      return _mm512_permutexvar_ps(c, _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
-                                                     -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f));
+  static __m128i load16(const uint8_t* q) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)); }
+  static R minus_zero(__m512i c, R zv) {
+    return _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(c, _mm512_set1_epi32(0x4B000000))), zv);
+  }
+  template <int F> static R dequant(const uint8_t* q, R zv) {
+    if constexpr (F == INT8) return minus_zero(_mm512_cvtepu8_epi32(load16(q)), zv);
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(load16(q)), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(short(0xBF80))));
+  }
+  template <int F> static void nibbles(const uint8_t* q, R zv, R& a, R& b) {
+    __m512i c = _mm512_cvtepu8_epi32(load16(q)), hi = _mm512_srli_epi32(c, 4);
+    if constexpr (F == INT4) {  // (c & 15) | 2**23 in one ternary-logic op
+      __m512i lo = _mm512_ternarylogic_epi32(c, _mm512_set1_epi32(15), _mm512_set1_epi32(0x4B000000), 0xEA);
+      a = _mm512_sub_ps(_mm512_castsi512_ps(lo), zv), b = minus_zero(hi, zv);
+    } else {  // e2m1: a 16-entry table by the low 4 bits, sign included
+      const __m512 v = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                                      -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
+      a = _mm512_permutexvar_ps(c, v), b = _mm512_permutexvar_ps(hi, v);
     }
   }
 };
@@ -289,25 +317,30 @@ template <DotFn D> void frows(const Row& w, const void* const* x, int nx, float*
   for (int i = 0; i < nx; ++i) out[i] = D(w.q, x[i], w.K);
 }
 
-// The row kernel of a bank's format under a mode; null where the pair makes no sense.
-RowsFn rows_fn(int mode, int fmt) {
+// The row kernel of a bank under a mode; {null, 0} where the pair makes no sense. A nibble
+// format whose blocks do not hold whole chunks of a path takes the next narrower path.
+Kernel kernel(int mode, const Mat& m) {
   static const RowsFn avx2f[3] = {frows<dot_avx2<F32>>, frows<dot_avx2<BF16>>, frows<dot_avx2<F16>>};
   static const RowsFn scalarf[3] = {frows<dot_scalar<F32>>, frows<dot_scalar<BF16>>, frows<dot_scalar<F16>>};
-  if (fmt < 0 || fmt > MXFP4) return nullptr;
-  if (fmt >= INT4) {
-    const RowsFn* t = mode == AVX512 ? avx512::qrows_by_fmt : mode == AVX2 ? avx2::qrows_by_fmt
-                      : mode == SCALAR ? scalar::qrows_by_fmt : nullptr;
-    return t ? t[fmt - INT4] : nullptr;
+  if (m.fmt < 0 || m.fmt > MXFP4) return {nullptr, 0};
+  if (m.fmt >= INT4) {
+    static const Kernel* paths[3] = {avx512::qkernels, avx2::qkernels, scalar::qkernels};
+    for (int p = mode == AVX512 ? 0 : mode == AVX2 ? 1 : mode == SCALAR ? 2 : 3; p < 3; ++p) {
+      const Kernel& k = paths[p][m.fmt - INT4];
+      if (!k.chunk || m.bk % k.chunk == 0) return k;
+    }
+    return {nullptr, 0};
   }
-  if (mode == DP_BF16) return fmt == BF16 ? frows<dot_dpbf16> : nullptr;
-  return mode == SCALAR ? scalarf[fmt] : avx2f[fmt];
+  if (mode == DP_BF16) return {m.fmt == BF16 ? frows<dot_dpbf16> : nullptr, 0};
+  return {mode == SCALAR ? scalarf[m.fmt] : avx2f[m.fmt], 0};
 }
 
 struct Job {
   uint64_t seq = 0;
-  const char* x = nullptr;      // [T, H]
+  const char* x = nullptr;      // [T, H], in the order of kgu
   Mat gu{}, d{};                // banks [E, 2I, H], [E, H, I]
-  RowsFn rgu = nullptr, rd = nullptr;
+  Kernel kgu{}, kd{};           // their row kernels
+  std::unique_ptr<float[]> xp;  // x permuted for kgu, where it needs that
   float* out = nullptr;         // [T, H]
   bool bf16act = false;         // activations (x, h) held as bf16 for the DP_BF16 path, else fp32
   int T = 0, H = 0, I = 0, E = 0;
@@ -316,7 +349,7 @@ struct Job {
   std::vector<int> gstart;      // [G + 1] route range of each group, routes sorted by expert
   std::vector<int> tok;         // [R] token of each route
   std::vector<float> rw;        // [R] routing weight of each route
-  std::unique_ptr<char[]> h;    // [R, I] silu(gate) * up
+  std::unique_ptr<char[]> h;    // [R, I] silu(gate) * up, in the order of kd
   std::vector<const void*> xr, hr;  // [R] each route's row of x and of h
   int nb1 = 0, n1 = 0, n2 = 0;  // phase-1 blocks per expert, phase-1 units, phase-2 units
   std::atomic<int> next1{0}, done1{0}, next2{0};
@@ -344,11 +377,11 @@ void unit1(Job& J, int u) {
   for (int j = j0; j < j1; ++j)  // routes innermost: one weight row serves every token (L1 hit)
     for (int r0 = J.gstart[g]; r0 < J.gstart[g + 1]; r0 += RC) {
       int n = std::min(RC, J.gstart[g + 1] - r0);
-      J.rgu(row(J.gu, e, j, J.H), &J.xr[r0], n, a);
-      J.rgu(row(J.gu, e, J.I + j, J.H), &J.xr[r0], n, b);
+      J.kgu.fn(row(J.gu, e, j, J.H), &J.xr[r0], n, a);
+      J.kgu.fn(row(J.gu, e, J.I + j, J.H), &J.xr[r0], n, b);
       for (int i = 0; i < n; ++i) {
         float v = a[i] / (1.f + std::exp(-a[i])) * b[i];
-        char* dst = J.h.get() + (size_t(r0 + i) * J.I + j) * J.asz;
+        char* dst = J.h.get() + (size_t(r0 + i) * J.I + permute(j, J.I, J.kd.chunk)) * J.asz;
         if (J.bf16act) { uint16_t hv = f2bf(v); memcpy(dst, &hv, 2); } else memcpy(dst, &v, 4);
       }
     }
@@ -363,7 +396,7 @@ void unit2(Job& J, int u) {
     for (int r = r0; r < r1; ++r)
       for (int k0 = J.gstart[g]; k0 < J.gstart[g + 1]; k0 += RC) {
         int n = std::min(RC, J.gstart[g + 1] - k0);
-        J.rd(row(J.d, e, r, J.I), &J.hr[k0], n, y);
+        J.kd.fn(row(J.d, e, r, J.I), &J.hr[k0], n, y);
         for (int i = 0; i < n; ++i) J.out[size_t(J.tok[k0 + i]) * J.H + r] += J.rw[k0 + i] * y[i];
       }
   }
@@ -483,10 +516,17 @@ void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, cons
     auto J = std::make_unique<Job>();
     J->x = static_cast<const char*>(x), J->gu = *gu, J->d = *dn, J->out = out;
     J->T = T, J->H = H, J->I = I, J->E = E;
-    J->rgu = rows_fn(mode, gu->fmt), J->rd = rows_fn(mode, dn->fmt);
-    if (!J->rgu || !J->rd) return nullptr;
+    J->kgu = kernel(mode, *gu), J->kd = kernel(mode, *dn);
+    if (!J->kgu.fn || !J->kd.fn) return nullptr;
     J->bf16act = mode == DP_BF16;
     J->asz = J->bf16act ? 2 : 4;
+    if (J->kgu.chunk) {  // fp32 x (the chunked kernels are quantized ones)
+      J->xp.reset(new float[size_t(T) * H]);
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < H; ++k)
+          J->xp[size_t(t) * H + permute(k, H, J->kgu.chunk)] = static_cast<const float*>(x)[size_t(t) * H + k];
+      J->x = reinterpret_cast<const char*>(J->xp.get());
+    }
     std::vector<std::pair<int64_t, int>> rs;  // (expert, route index); sorting groups by expert
     for (int i = 0; i < T * K; ++i) {
       int64_t e = ids64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
