@@ -127,7 +127,8 @@ def _check_banks(wgu, wd, H: int | None = None) -> None:
          "need x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I]"),
         (isinstance(wd, QWeight) == quant and (all(map(_qweight_ok, (wgu, wd))) if quant else
                                                wgu.dtype in _DTYPES and wd.dtype == wgu.dtype),
-         "the banks must be fp32/bf16/fp16 tensors of one dtype, or two QWeights laid out as kernels/quant.py says"),
+         "the banks must be fp32/bf16/fp16 tensors of one dtype, "
+         "or two QWeights laid out as kernels/quant.py says"),
         (all(t.stride(2) == 1 and t.stride(1) == t.shape[2] and t.stride(0) >= t.stride(1) * t.shape[1]
              for t in parts), "banks need contiguous [rows, cols] per expert")]:
         if not ok:
@@ -302,8 +303,9 @@ def _constant_bank(fmt: str, n_experts: int, hidden: int, inter: int, group: int
     change it): tensors for fp32/bf16/fp16, QWeights (blocks of 1 x group, fp8 group x group,
     fp16 scales, fp32 for fp8) for the quantized formats."""
     plain = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    shapes = ((2 * inter, hidden), (hidden, inter))
     if fmt in plain:
-        return tuple(torch.full((n_experts, n, k), 0.01, dtype=plain[fmt]) for n, k in ((2 * inter, hidden), (hidden, inter)))
+        return tuple(torch.full((n_experts, n, k), 0.01, dtype=plain[fmt]) for n, k in shapes)
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; supported: {', '.join([*plain, *FORMATS])}")
     bn, bk = {"fp8": (group, group), "mxfp4": (1, 32)}.get(fmt, (1, group))
@@ -316,7 +318,7 @@ def _constant_bank(fmt: str, n_experts: int, hidden: int, inter: int, group: int
         z = torch.full(blocks, 8, dtype=torch.uint8) if fmt in ("int4", "int8") else None
         return QWeight(fmt, q.view(torch.float8_e4m3fn) if fmt == "fp8" else q, s, z, (bn, bk))
 
-    return qweight(2 * inter, hidden), qweight(hidden, inter)
+    return tuple(qweight(n, k) for n, k in shapes)
 
 
 def expert_gbps(fmt: str, threads: int | None = None, seconds: float = 1.0, bank_bytes: int = 1 << 30,

@@ -36,27 +36,22 @@ void qrow(const Row& w, const float* const* xr, float* out) {
     const int k1 = std::min(K, k0 + bk);
     const float z = F == INT4 || F == INT8 ? float(w.z[g]) : 0.f, s = block_scale<F>(w, g);
     const R sv = V::set1(s), zv = V::set1(V::kZeroBias + z);
+    auto pair = [&](int k, int u) {  // columns k .. k + 2W - 1 into chains 2u and 2u + 1
+      R a, b;
+      dequant_pair<F>(w.q, k, zv, a, b);
+      a = V::mul(a, sv), b = V::mul(b, sv);
+      for (int r = 0; r < NR; ++r) {
+        p[2 * u][r] = V::fma(a, V::load(x[r] + k), p[2 * u][r]);
+        p[2 * u + 1][r] = V::fma(b, V::load(x[r] + k + W), p[2 * u + 1][r]);
+      }
+    };
     int k = k0;
     if (vec) {
-      for (; k + 2 * P * W <= k1; k += 2 * P * W) {
-        _mm_prefetch(reinterpret_cast<const char*>(w.q) + (nib ? k / 2 : k) + 4096, _MM_HINT_T0);  // see dot_avx2
-        for (int u = 0; u < P; ++u) {
-          R a, b;
-          dequant_pair<F>(w.q, k + 2 * u * W, zv, a, b);
-          a = V::mul(a, sv), b = V::mul(b, sv);
-          for (int r = 0; r < NR; ++r) {
-            p[2 * u][r] = V::fma(a, V::load(x[r] + k + 2 * u * W), p[2 * u][r]);
-            p[2 * u + 1][r] = V::fma(b, V::load(x[r] + k + (2 * u + 1) * W), p[2 * u + 1][r]);
-          }
-        }
+      for (; k + 2 * P * W <= k1; k += 2 * P * W) {  // (the prefetch: see dot_avx2)
+        _mm_prefetch(reinterpret_cast<const char*>(w.q) + (nib ? k / 2 : k) + 4096, _MM_HINT_T0);
+        for (int u = 0; u < P; ++u) pair(k + 2 * u * W, u);
       }
-      for (; k + 2 * W <= k1; k += 2 * W) {
-        R a, b;
-        dequant_pair<F>(w.q, k, zv, a, b);
-        a = V::mul(a, sv), b = V::mul(b, sv);
-        for (int r = 0; r < NR; ++r)
-          p[0][r] = V::fma(a, V::load(x[r] + k), p[0][r]), p[1][r] = V::fma(b, V::load(x[r] + k + W), p[1][r]);
-      }
+      for (; k + 2 * W <= k1; k += 2 * W) pair(k, 0);
       if constexpr (!nib)  // (a nibble row's last columns short of a chunk are in plain order)
         for (; k + W <= k1; k += W) {
           const R a = V::mul(V::template dequant<F>(w.q + k, zv), sv);
