@@ -78,7 +78,7 @@ def test_matches_reference(ex, dtype, tol, T, K):
     check_parity(ex, dtype, tol, T, K)
 
 
-@pytest.mark.parametrize("backend", ["avx2_fma", "scalar"])  # the slower paths, forced
+@pytest.mark.parametrize("backend", ["avx512", "avx2_fma", "scalar"])  # the slower paths, forced
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("T,K", [(1, 8), (17, 2)])
 def test_forced_paths_match_reference(pools, backend, dtype, tol, T, K):
@@ -389,3 +389,13 @@ def test_expert_gbps_probe(fmt):
     assert gbps > 0
     with pytest.raises(ValueError, match="supported"):
         cpu_executor.expert_gbps("int3", threads=1, seconds=0.01)
+
+
+def test_quantized_banks_of_two_formats(ex, pools):
+    """Each bank takes its own format's kernel (a checkpoint may keep down_proj wider)."""
+    gu, down = make_qbank("int4", 96, 64, 32, False)[0], make_qbank("int8", 96, 64, 32, False)[1]
+    x, ids, w = make_routes(3, 2, torch.int64, torch.float32, 96)
+    for e in [ex, *pools.values()]:
+        out = torch.empty(3, 96)
+        e.run(x, gu, down, ids, w, out)
+        assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < 1e-5, e.backend
