@@ -30,7 +30,7 @@ def test_every_policy_and_budget_matches_transformers(tiny_model, arch, graph):
     for budget in (None, E * slot):
         for policy in POLICIES:
             e = load(ftw, expert_budget=budget, moe_policy=policy, graph=graph)
-            e.runtime.set_bandwidths(1.0, 1.0, online=False)  # q* = 0.5: misses on both sides
+            e.runtime.qstar.start(1.0, 1.0, online=False)  # q* = 0.5: misses on both sides
             assert greedy(e, ids, 32) == want, (budget, policy)
             st = e.runtime.cache.stats
             assert st.fetched + st.cpu == st.misses

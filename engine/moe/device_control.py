@@ -44,7 +44,7 @@ class DeviceControl:
         pin = dict(pin_memory=True)
         self.flags = torch.zeros(3, dtype=torch.int32, **pin)                     # go, done, fill
         self.nfill = torch.zeros(1, dtype=torch.int64, **pin)                     # experts the step fills
-        self.x_h = torch.zeros(max_tokens, H, dtype=rt.cpu.act_dtype(rt.store.views[0]["down"].dtype), **pin)
+        self.x_h = torch.zeros(max_tokens, H, dtype=rt.cpu.act_dtype(rt.store.views[0]["down"]), **pin)
         self.ids_h = torch.full((max_tokens, top_k), -1, dtype=torch.int64, **pin)
         self.w_h = torch.zeros(max_tokens, top_k, dtype=torch.float32, **pin)
         self.out_h = torch.zeros(max_tokens, H, dtype=torch.float32, **pin)

@@ -142,5 +142,5 @@ class QStar:
             v = self.store.views[random.randrange(len(self.store.views))]
             H = v["down"].shape[1]
             e = torch.tensor([[random.randrange(self.store.n_experts)]])
-            self._probe = self._cpu().submit(torch.zeros(1, H, dtype=v["down"].dtype), v["gate_up"], v["down"], e,
+            self._probe = self._cpu().submit(torch.zeros(1, H), v["gate_up"], v["down"], e,
                                              torch.ones(1, 1), torch.empty(1, H))
