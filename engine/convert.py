@@ -12,9 +12,10 @@ import torch
 
 from engine.errors import UserError
 from engine.models import arch_module, canonical_name, model_config, read_hf_config
-from engine.models.base import DTYPES, ModelConfig
+from engine.models.base import FLOAT_NAMES, ModelConfig
 from engine.moe.layout import SlotLayout
 from engine.moe.store import bank_name
+from ftw.format import DTYPES
 
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "vocab.json",
@@ -63,9 +64,9 @@ def fingerprint(model_dir: Path, dtype: str) -> str:
 def target_dtype(cfg: ModelConfig, dtype: str) -> str:
     if dtype == "auto":
         return cfg.dtype
-    if dtype not in DTYPES:
+    if dtype not in FLOAT_NAMES:
         raise UserError(f"unknown --dtype {dtype!r}; choose bf16, fp16, fp32 or auto")
-    return str(DTYPES[dtype]).removeprefix("torch.")
+    return FLOAT_NAMES[dtype]
 
 
 def expected_names(cfg: ModelConfig) -> set[str]:
