@@ -58,7 +58,7 @@ class LLM:
         self.name = config.model or "demo"
         if config.moe_policy == "adaptive":
             from engine.profile import load_or_measure
-            prof = load_or_measure(config.cpu_threads, say=say)
+            prof = load_or_measure(config.cpu_threads, say=say, fmt=self.engine.runtime.store.layout.dtype)
             self.engine.runtime.set_bandwidths(prof["h2d_concurrent_gbps"] or 0.0, prof["cpu_expert_concurrent_gbps"])
         self.tokenizer = Tokenizer(path)
         e = self.engine

@@ -53,7 +53,7 @@ def decode(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context)
     cfg = replace(cfg, expert_budget=budgets[0])
     engine = _load(cfg, model, synthetic, layers)
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
+    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=engine.runtime.store.layout.dtype)
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
 
@@ -98,7 +98,7 @@ def prefill(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
                         prefill_chunk=prefill_chunk)
     engine = _load(cfg, model, synthetic, layers)
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
+    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=engine.runtime.store.layout.dtype)
     rows = run(engine, cfg, modes, sizes, follow_up, prof)
     if out:
         out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))

@@ -85,3 +85,20 @@ def test_version_1_directories_still_load(tiny_model):
     finally:
         index["version"] = 2
         (ftw / "ftw.json").write_text(json.dumps(index))
+
+
+def test_profile_measures_b_h_on_the_format(tmp_path, monkeypatch):
+    """B_H is measured on experts of the model's format (in that format's bytes), and a saved
+    profile is kept per format."""
+    from engine import profile
+    monkeypatch.setattr(profile, "llc_bytes", lambda: 0)      # the smallest bank (96 experts)
+    res = profile.measure(quick=True, threads=1, fmt="int4")
+    bf16 = SlotLayout.for_experts(*profile.EXPERT, torch.bfloat16).slot_bytes
+    assert res["format"] == "int4" and 3.5 < bf16 / res["expert_bytes"] < 4 and res["cpu_expert_gbps"] > 0
+    saved = profile.save(res)
+    assert saved.name.endswith("-int4.json")
+    said = []
+    assert profile.load_or_measure(1, say=said.append, fmt="int4") == json.loads(saved.read_text()) and not said
+    from engine.errors import UserError
+    with pytest.raises(UserError, match="int4, int8, fp8, mxfp4"):
+        profile.measure(quick=True, fmt="int3")
