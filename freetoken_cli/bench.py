@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from freetoken_cli.common import ModelArg, Progress, engine_config, user_errors
+from freetoken_cli.quality import quality
 
 Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny")
 Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
@@ -17,7 +18,9 @@ Device = typer.Option("auto", help="cuda | cpu | auto")
 Json = typer.Option(False, "--json", help="print rows as JSON")
 Out = typer.Option(None, help="also write the rows and profile as JSON to this file")
 
-app = typer.Typer(help="Benchmarks: decode throughput per miss policy (and prefill TTFT).", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks: decode throughput per miss policy, prefill TTFT, quality against a reference.",
+                  no_args_is_help=True)
+app.command("quality")(quality)
 
 
 @app.command("decode")

@@ -1,10 +1,12 @@
 """`freetoken convert --quant`: round trips from a float checkpoint (the engine against
 transformers on the dequantized experts), one-line refusals that leave nothing behind, what a
 budget holds, budget invariance, and the exact q* merge with quantized experts."""
+import json
+
 import pytest
 import torch
 from conftest import greedy, load, prefill_logits
-from test_cli import cli, one_line_error
+from test_cli import cli, one_line_error, tiny_hf  # noqa: F401  (tiny_hf: a fixture)
 
 import qpack
 import tiny
@@ -115,3 +117,22 @@ def test_q_star_merge_is_exact_with_quantized_experts(int4_ftw):
         want = kref.moe_experts(x, v["gate_up"], v["down"], ids, w)
         assert float((got - want).norm() / want.norm()) < 1e-6
     assert rt.cache.stats.fetched > 0 and rt.cache.stats.cpu > 0
+
+
+def test_bench_quality(tiny_hf, tmp_path):
+    """A quantized conversion against its float source over the default held-out text; a model
+    against itself agrees exactly."""
+    q = tmp_path / "int4"
+    assert cli("convert", tiny_hf, q, "--quant", "int4", "--group-size", 16).exit_code == 0
+    r = cli("bench", "quality", q, "--reference", tiny_hf, "--tokens", 80, "--device", "cpu", "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["format"] == "int4" and res["tokens"] == 80 and 0 < res["kl_mean"] < 0.5
+    assert 0.5 < res["top1_agree"] <= 1 and res["ppl"] > 1 and res["ppl_ref"] > 1
+    assert res["expert_bytes"] < res["expert_bytes_ref"]
+    text = tmp_path / "t.txt"
+    text.write_text("def f(x):\n    return x + 1\n" * 20)
+    r = cli("bench", "quality", q, "--reference", q, "--text", text, "--tokens", 50, "--device", "cpu", "--json")
+    res = json.loads(r.stdout)
+    assert res["kl_mean"] == pytest.approx(0, abs=1e-6) and res["top1_agree"] == 1 and res["ppl"] == res["ppl_ref"]
+    one_line_error(cli("bench", "quality", q, "--reference", q, "--text", tmp_path / "none"), "--text")
