@@ -154,11 +154,11 @@ def quantization_config(method: str) -> dict:
             "ignore": ["lm_head", "re:.*mlp.gate$"]}
 
 
-def build(method: str, out: Path, seed: int = 0):
-    """A tiny qwen3_moe checkpoint at `out` quantized by `method`; returns the transformers fp32
-    model holding exactly the weights the checkpoint dequantizes to."""
+def build(method: str, out: Path, seed: int = 0, **kw):
+    """A tiny qwen3_moe checkpoint at `out` quantized by `method` (kw: config overrides); returns
+    the transformers fp32 model holding exactly the weights the checkpoint dequantizes to."""
     from safetensors.torch import save_file
-    ref = tiny.build("qwen3_moe", out, seed=seed)
+    ref = tiny.build("qwen3_moe", out, seed=seed, **kw)
     tensors = {}
     with torch.no_grad():
         for name, p in ref.named_parameters():

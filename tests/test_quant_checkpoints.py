@@ -3,6 +3,9 @@ pack-quantized, MXFP4 with fused expert tensors), built and quantized by the tes
 and converted with --dtype fp32: the engine against transformers' fp32 model on the dequantized
 weights, at full and one-layer expert budgets, under every miss policy, eager and with
 device-resident control."""
+import json
+import shutil
+
 import pytest
 import torch
 from conftest import greedy, load, prefill_logits
@@ -70,3 +73,25 @@ def test_dense_weights_are_dequantized_to_the_dtype(quantized):
         assert torch.equal(q, ref.model.layers[1].self_attn.q_proj.weight)
         assert r.meta["layout"]["format"] in ("fp8", "int4")
         assert not any(n.endswith(("qweight", "scales", "_scale_inv", "weight_packed")) for n in r.names())
+
+
+def test_run_a_quantized_hub_layout_directory(tmp_path):
+    """`run` converts a quantized HF directory like any other; a damaged one is refused in one
+    line and leaves nothing behind."""
+    from safetensors.torch import load_file, save_file
+    from test_cli import TOKENIZER_FILES, cli, one_line_error
+    from transformers import AutoTokenizer
+
+    from engine.resolve import DEMO
+    hf = tmp_path / "awq"
+    qpack.build("awq", hf, vocab_size=len(AutoTokenizer.from_pretrained(DEMO)))
+    for f in TOKENIZER_FILES:
+        shutil.copy(DEMO / f, hf / f)
+    r = cli("run", hf, "-p", "def add(a, b):", "--raw", "--max-tokens", 4, "--device", "cpu", "--json")
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["token_ids"]) == 4
+    tensors = load_file(hf / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.5.down_proj.scales"]
+    save_file(tensors, str(hf / "model.safetensors"))
+    one_line_error(cli("convert", hf, tmp_path / "out"), "model.layers.1.mlp.experts.5.down_proj.scales")
+    assert not list(tmp_path.glob("*out*"))
