@@ -110,7 +110,7 @@ def quant_target(quant: str | None, group_size: int | None, scheme: Scheme | Non
     if scheme is not None:
         raise UserError(f"{src_dir} is already quantized ({scheme.method}); --quant needs a bf16, fp16 or fp32 "
                         "checkpoint (without --quant its quantized experts are kept as they are)")
-    group = group_size or DEFAULT_GROUP[quant]
+    group = DEFAULT_GROUP[quant] if group_size is None else group_size
     if quant == "mxfp4" and group != 32:
         raise UserError("mxfp4 has blocks of 32 values by definition; leave --group-size out")
     dims = (cfg.hidden_size, cfg.moe_intermediate_size)

@@ -42,4 +42,5 @@ def quality(model: Optional[str] = ModelArg,
         t.add_row(label, res["format" + key], f"{res['ppl' + key]:.3f}", f"{res['expert_bytes' + key] / 2**20:,.1f}")
     con = Console()
     con.print(t)
-    con.print(f"mean KL(reference || model) {res['kl_mean']:.4f} nats per token, top-1 agreement {res['top1_agree']:.1%}")
+    con.print(f"mean KL(reference || model) {res['kl_mean']:.4f} nats per token, "
+              f"top-1 agreement {res['top1_agree']:.1%}")

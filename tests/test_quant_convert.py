@@ -71,7 +71,7 @@ def test_bad_quant_options_are_refused_and_write_nothing(float_hf, tmp_path):
     qpack.build("gptq", gptq)
     for args, words in [(["--quant", "int3"], ["int3", "int4, int8, fp8, mxfp4"]),
                         (["--quant", "int4", "--group-size", 48], ["48", "divide", "e.g. 32"]),
-                        (["--quant", "int4", "--group-size", 0], ["divide"]),
+                        (["--quant", "int4", "--group-size", 0], ["--group-size 0", "divide"]),
                         (["--quant", "mxfp4", "--group-size", 16], ["32"]),
                         (["--group-size", 16], ["--quant"])]:
         one_line_error(cli("convert", hf, tmp_path / "out", *args), *words)
@@ -88,7 +88,8 @@ def test_a_budget_holds_more_quantized_experts(float_hf, int4_ftw):
     assert load(int4_ftw, expert_budget=budget // 3).runtime.cache.n_slots == 12
     # at real shapes the slot shrinks with the bits: Qwen3-30B-A3B's expert, 9.4 MB in bf16
     real = {n: quantize("int4", torch.zeros(*s), 128) for n, s in (("gate_up", (1536, 2048)), ("down", (2048, 768)))}
-    ratio = SlotLayout.for_experts(2048, 768, torch.bfloat16).slot_bytes / SlotLayout.for_qweights("int4", real).slot_bytes
+    bf16 = SlotLayout.for_experts(2048, 768, torch.bfloat16)
+    ratio = bf16.slot_bytes / SlotLayout.for_qweights("int4", real).slot_bytes
     assert ratio == pytest.approx(16 / (4 + (16 + 8) / 128), rel=0.01)  # 4 bits + an fp16 scale and a zero a group
 
 
@@ -99,7 +100,8 @@ def test_budget_invariance(int4_ftw):
     for slots in (8, 12, 20, 23):
         e = load(int4_ftw, expert_budget=slots * slot)
         assert greedy(e, ids, 24) == want
-        assert e.runtime.cache.stats.misses > 0 and e.runtime.cache.stats.bytes_filled == e.runtime.cache.stats.fetched * slot
+        st = e.runtime.cache.stats
+        assert st.misses > 0 and st.bytes_filled == st.fetched * slot
 
 
 def test_q_star_merge_is_exact_with_quantized_experts(int4_ftw):

@@ -52,7 +52,7 @@ def test_views_are_qweights_and_the_reference_runs_on_them(fmt, group):
 
 
 def test_cpu_executor_runs_quantized_banks():
-    """Until the C++ executor reads quantized slots, it runs them on its torch path."""
+    """The CPU executor takes QWeight banks (on its torch path until the C++ one reads them)."""
     from kernels.cpu_executor import CPUExecutor
     layout, bank, _ = quantized_bank("int4", 16)
     v = layout.views(bank)
@@ -61,7 +61,8 @@ def test_cpu_executor_runs_quantized_banks():
     weights = torch.rand(3, 2)
     out = torch.empty(3, H)
     CPUExecutor(1).run(x, v["gate_up"], v["down"], ids, weights, out)
-    assert torch.equal(out, ref.moe_experts(x, v["gate_up"], v["down"], ids, weights))
+    want = ref.moe_experts(x, v["gate_up"], v["down"], ids, weights)
+    assert float((out - want).norm() / want.norm()) < 1e-5
 
 
 def test_float_layout_meta_without_format_reads_as_float():

@@ -42,9 +42,18 @@ def test_mxfp4_unpacker_matches_the_ocp_description():
 
 
 def test_int32_words_hold_the_first_value_in_the_lowest_bits():
-    word = torch.tensor([[0x76543210 - 2 ** 32 + 2 ** 32]], dtype=torch.int64).to(torch.int32)
+    word = torch.tensor([[0x76543210]], dtype=torch.int32)
     assert unpack_int32(word, 4, 1).tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]]
     assert unpack_int32(torch.tensor([[-1]], dtype=torch.int32), 8, 0).flatten().tolist() == [255] * 4
+
+
+def test_gptq_v2_stores_the_zero_points_as_they_are():
+    parts, want = qpack.quantize_weight("gptq", weight())
+    codes = unpack_int32(parts[".qzeros"], 4, 1)                    # v1: zero - 1
+    v2 = {**parts, ".qzeros": qpack.pack_words(codes + 1, 4, 1)}
+    scheme = SCHEMES["gptq"]({"bits": 4, "checkpoint_format": "gptq_v2"})
+    p = scheme.unpack("m.weight", v2)
+    assert torch.equal(dequant_parts("int4", p), want)
 
 
 def test_awq_interleave_order():
