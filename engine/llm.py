@@ -51,7 +51,7 @@ class LLM:
         self.name = config.model or "demo"
         if config.moe_policy == "adaptive":
             from engine.profile import load_or_measure
-            self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say))
+            self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say, fmt=self.runner.runtime.store.layout.dtype))
         self.tokenizer = Tokenizer(path)
         r = self.runner
         self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk)

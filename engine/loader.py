@@ -13,7 +13,7 @@ from engine.errors import UserError
 from engine.kv.paged import KVPool
 from engine.layers.rope import Rope
 from engine.models import model_config
-from engine.models.base import DTYPES, ModelConfig
+from engine.models.base import ModelConfig
 from engine.models.transformer import CausalLM, checkpoint_names, param_dtype
 from engine.moe.cache import ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
@@ -21,6 +21,7 @@ from engine.moe.policy import MissPolicy
 from engine.moe.runtime import ExpertRuntime
 from engine.moe.store import HostExpertStore
 from engine.runner import ModelRunner
+from ftw.format import DTYPES
 
 GiB = 2**30
 

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from freetoken_cli.common import ModelArg, Progress, engine_config, user_errors
+from freetoken_cli.quality import quality
 
 Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, "
                                         "deepseek-v3, glm-4.5-air, tiny")
@@ -18,7 +19,9 @@ Device = typer.Option("auto", help="cuda | cpu | auto")
 Json = typer.Option(False, "--json", help="print rows as JSON")
 Out = typer.Option(None, help="also write the rows and profile as JSON to this file")
 
-app = typer.Typer(help="Benchmarks: decode throughput per miss policy (and prefill TTFT).", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks: decode throughput per miss policy, prefill TTFT, quality against a reference.",
+                  no_args_is_help=True)
+app.command("quality")(quality)
 
 
 @app.command("decode")
@@ -54,7 +57,7 @@ def decode(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context)
     cfg = replace(cfg, expert_budget=budgets[0])
     runner = _load(cfg, model, synthetic, layers)
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
+    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
 
@@ -99,7 +102,7 @@ def prefill(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
                         prefill_chunk=prefill_chunk)
     runner = _load(cfg, model, synthetic, layers)
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
+    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
     rows = run(runner, cfg, modes, sizes, follow_up, prof)
     if out:
         out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))

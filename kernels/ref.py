@@ -16,18 +16,21 @@ def act_and_mul(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     raise ValueError(f"unknown expert activation {act!r}")
 
 
-def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+def expert_weight(w: torch.Tensor | QWeight, slot: int, dtype: torch.dtype) -> torch.Tensor:
+    """One slot's weight [N, K] in `dtype`: a quantized one dequantized (kernels.quant), then cast."""
+    return (w.dequant(slot) if isinstance(w, QWeight) else w[slot]).to(dtype)
+
+
+def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torch.Tensor | QWeight,
                 slots: torch.Tensor, weights: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """Weighted sum of routed expert FFNs.
 
     x [T, H]; w_gate_up [S, 2I, H]; w_down [S, H, I] (S = slots of a GPU pool or experts of a
-    host bank), tensors or QWeights (W = dequant(slot).to(x.dtype)); slots [T, K] integer, -1 =
-    this route is computed elsewhere; weights [T, K].
-    Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]).
+    host bank), tensors or QWeights of those shapes; slots [T, K] integer, -1 = this route is
+    computed elsewhere; weights [T, K].
+    Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]), with each
+    weight rounded to x's dtype (a quantized one dequantized first).
     """
-    def expert(w, s: int) -> torch.Tensor:
-        return w.dequant(s).to(x.dtype) if isinstance(w, QWeight) else w[s].to(x.dtype)
-
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
     flat = slots.reshape(-1)
     order = torch.argsort(flat, stable=True)
@@ -39,8 +42,8 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         start += n
         if s < 0:  # routes computed elsewhere
             continue
-        h = act_and_mul(x[t] @ expert(w_gate_up, s).t(), act)
-        y = (h @ expert(w_down, s).t()) * w[idx, None]
+        h = act_and_mul(x[t] @ expert_weight(w_gate_up, s, x.dtype).t(), act)
+        y = (h @ expert_weight(w_down, s, x.dtype).t()) * w[idx, None]
         out.index_add_(0, t, y.float())
     return out
 

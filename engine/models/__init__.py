@@ -35,9 +35,6 @@ def read_hf_config(model_dir: Path) -> dict:
 
 
 def model_config(hf: dict) -> ModelConfig:
-    if hf.get("quantization_config"):
-        method = hf["quantization_config"].get("quant_method", "?")
-        raise UserError(f"quantized checkpoints ({method}) are not supported yet; use the bf16 release")
     return arch_module(hf.get("model_type")).config(hf)
 
 

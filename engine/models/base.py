@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.errors import UserError
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-          "fp16": torch.float16, "half": torch.float16, "float32": torch.float32,
-          "fp32": torch.float32, "float": torch.float32}
+# spellings of the float dtypes a model computes in (config.json, --dtype) -> their name in
+# ftw.format.DTYPES, the one table of dtypes
+FLOAT_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+               "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ def rope_params(hf: dict) -> dict:
 
 def source_dtype(hf: dict) -> str:
     name = str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16").replace("torch.", "")
-    return name if name in DTYPES else "bfloat16"
+    return FLOAT_NAMES.get(name, "bfloat16")
 
 
 def moe_layer_flags(hf: dict, n_layers: int) -> tuple[bool, ...]:
