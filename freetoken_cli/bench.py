@@ -31,15 +31,15 @@ def decode(model: Optional[str] = ModelArg,
            routing: str = typer.Option("model", help="comma list of model | uniform | trace:FILE"),
            tokens: int = typer.Option(64, help="decode tokens per repeat"),
            repeats: int = typer.Option(3, help="repeats per policy (median reported)"),
-           prompt_tokens: int = typer.Option(32, help="prompt length"),
+           depth: str = typer.Option("32", help="comma list of context depths: prompt tokens before the timed decode, e.g. 1024,16384,32768,65536"),
+           batch: str = typer.Option("1", help="comma list of streams decoded together (distinct prompts), e.g. 1,4,8"),
            contention: int = typer.Option(0, help="also measure with N processes streaming through host RAM"),
            device: str = Device,
            graph: str = typer.Option("on", help="comma list of on | off: CUDA-graph decode rows, eager rows"),
-           max_context: int = typer.Option(4096, help="context length"),
            as_json: bool = Json,
            out: Optional[Path] = Out):
-    """Decode tok/s for each miss policy, with hit rate, traffic and the bound."""
-    from engine.bench.decode import run
+    """Decode tok/s for each miss policy, context depth and number of streams, with hit rate, traffic and the bound."""
+    from engine.bench.decode import context_for, run
     from engine.config import parse_policy
     from engine.profile import load_or_measure
     from engine.config import parse_size
@@ -50,22 +50,30 @@ def decode(model: Optional[str] = ModelArg,
     budgets = [parse_size(b.strip()) for b in expert_budget.split(",")]
     for spec in routing.split(","):
         check_routing(spec)
-    cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context)
+    depths, batches = _ints(depth, "--depth"), _ints(batch, "--batch")
+    max_context, kv_tokens = context_for(depths, batches, tokens)
+    cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context,
+                        max_running=max(batches), kv_tokens=kv_tokens)
     cfg = replace(cfg, expert_budget=budgets[0])
     runner = _load(cfg, model, synthetic, layers)
+    if runner.max_context < max_context:
+        from engine.errors import UserError
+        raise UserError(f"--depth {max(depths)} needs {max_context} tokens of context with --tokens {tokens}, but the "
+                        f"model holds {runner.max_context}; lower --depth")
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
 
     def say(r: dict) -> None:  # --out holds every row measured so far: a bench cut short keeps them
         typer.echo(f"{r['policy']}, {r['routing']}, {r['budget_gib']:.1f} GiB, graph {'on' if r['graph'] else 'off'}, "
-                   f"load {r['load']}: {r['tok_s']:.2f} tok/s, {r['ratio']:.0%} of its bound", err=True)
+                   f"load {r['load']}, depth {r['depth']}, batch {r['batch']}: {r['tok_s']:.2f} tok/s "
+                   f"({r['stream_tok_s']:.2f} per stream), {r['ratio']:.0%} of its bound", err=True)
         rows.append(r)
         if out:
             out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
 
     run(runner, runner.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
-        prompt_tokens, prof, contention, say=say)
+        depths, batches, prof, contention, say=say)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
@@ -94,7 +102,7 @@ def prefill(model: Optional[str] = ModelArg,
     from engine.errors import UserError
     if bad := [m for m in modes if m not in PREFILL_MODES]:
         raise UserError(f"unknown --mode {bad[0]!r}; choose from {', '.join(PREFILL_MODES)}")
-    sizes = [int(n) for n in lengths.split(",")]
+    sizes = _ints(lengths, "--lengths")
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
                         prefill_chunk=prefill_chunk)
     runner = _load(cfg, model, synthetic, layers)
@@ -116,6 +124,15 @@ def prefill(model: Optional[str] = ModelArg,
     Console(width=max(150, Console().width)).print(t)
 
 
+def _ints(text: str, option: str) -> list[int]:
+    """'1024,16384' -> [1024, 16384]: a comma list of positive counts."""
+    from engine.errors import UserError
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UserError(f"cannot read {option} {text!r}; give a comma list of positive numbers like 1,4,8")
+    return [int(p) for p in parts]
+
+
 def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int]):
     """The runner to measure, with a progress bar while its experts load (or are built)."""
     from engine.loader import load_runner, load_synthetic
@@ -134,11 +151,13 @@ def _table(rows: list[dict], prof: dict, runner, cfg) -> None:
     mib = 2**20
     t = Table(title=f"decode: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, "
                     f"top-{runner.cfg.router.top_k}, expert {runner.runtime.store.layout.slot_bytes / mib:.1f} MiB")
-    for col in ("graph", "routing", "budget GiB", "policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
-                "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
+    for col in ("graph", "routing", "budget GiB", "policy", "load", "depth", "batch", "tok/s", "tok/s/stream", "hit rate",
+                "fetched/tok", "CPU/tok", "PCIe MiB/tok", "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
         t.add_column(col, justify="left" if col in ("routing", "policy", "load") else "right")
     for r in rows:
-        t.add_row("on" if r["graph"] else "off", r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
+        t.add_row("on" if r["graph"] else "off", r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"],
+                  str(r["depth"]), str(r["batch"]), f"{r['tok_s']:.2f}", f"{r['stream_tok_s']:.2f}",
+                  f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
                   f"{r['cpu']:.2f}", f"{r['bytes_filled'] / mib:.1f}", f"{r['bytes_cpu'] / mib:.1f}",
                   f"{r['q_star']:.2f}", f"{r['bound_tok_s']:.2f}", f"{r['ratio']:.0%}")
     con = Console(width=max(150, Console().width))
