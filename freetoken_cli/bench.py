@@ -1,4 +1,5 @@
-"""`freetoken bench decode|prefill`: measured throughput beside the physical bound."""
+"""`freetoken bench decode|prefill|startup`: measured throughput beside the physical bound, and
+the phases of a cold start."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import ModelArg, Progress, engine_config, user_errors
+from freetoken_cli.common import Budget, Context, ModelArg, Policy, Progress, engine_config, user_errors
 
 Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny")
 Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
@@ -17,7 +18,8 @@ Device = typer.Option("auto", help="cuda | cpu | auto")
 Json = typer.Option(False, "--json", help="print rows as JSON")
 Out = typer.Option(None, help="also write the rows and profile as JSON to this file")
 
-app = typer.Typer(help="Benchmarks: decode throughput per miss policy (and prefill TTFT).", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks: decode throughput per miss policy, prefill TTFT, cold-start phases.",
+                  no_args_is_help=True)
 
 
 @app.command("decode")
@@ -122,6 +124,62 @@ def prefill(model: Optional[str] = ModelArg,
         t.add_row(r["mode"], r["prompt"], str(r["tokens"]), f"{r['ttft_s']:.3f}", f"{r['bound_s']:.3f}",
                   f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}")
     Console(width=max(150, Console().width)).print(t)
+
+
+@app.command("startup")
+@user_errors
+def startup(model: Optional[str] = ModelArg,
+            synthetic: Optional[str] = Synthetic,
+            layers: Optional[int] = Layers,
+            expert_budget: str = Budget,
+            cpu_threads: Optional[int] = Threads,
+            moe_policy: str = Policy,
+            max_context: int = Context,
+            prompt_tokens: int = typer.Option(500, help="tokens of each of the two prompts prefilled after the load"),
+            device: str = Device,
+            as_json: bool = Json,
+            out: Optional[Path] = Out):
+    """The phases of a cold `run` (read beside the disk's bound, pin, compile, capture, first prefill)."""
+    import time
+    import psutil
+    from engine.bench.startup import read_speed, report
+    from engine.profile import load_or_measure
+    started, imported = psutil.Process().create_time(), time.time()
+    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
+    runner = _load(cfg, model, synthetic, layers)
+    t0 = time.perf_counter()
+    if cfg.moe_policy == "adaptive":  # as `run` does
+        prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
+        runner.runtime.set_bandwidths(prof["h2d_concurrent_gbps"] or 0.0, prof["cpu_expert_concurrent_gbps"])
+    r = report(runner, started, imported, time.perf_counter() - t0, prompt_tokens,
+               read_speed(runner.path) if runner.path else None)
+    if out:
+        out.write_text(json.dumps(r, indent=1))
+    if as_json:
+        typer.echo(json.dumps(r))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"startup: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, "
+                    f"{r['expert_bytes'] / 2**30:.2f} GiB of experts")
+    t.add_column("phase")
+    t.add_column("seconds", justify="right")
+    t.add_column("", justify="left")
+    notes = {"read": f"{r['read_gbps']:.2f} GB/s" + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
+                                                      f"{'' if r['disk_direct'] else ' (buffered: maybe the page cache)'}"
+                                                      if "read_bound_s" in r else " (synthetic: random experts built)"),
+             "compile": "decode graphs' warm-up steps: torch.compile, Triton JIT",
+             "cache": "expert cache, runtime, resident experts copied in"}
+    for name, sec in r["phases"].items():
+        t.add_row(name, f"{sec:.2f}", notes.get(name, ""))
+    t.add_row("ready", f"{r['ready_s']:.2f}", "from the process's start")
+    t.add_row("first prefill", f"{r['first_prefill_s']:.3f}", f"{prompt_tokens} tokens, to the first token")
+    t.add_row("second prefill", f"{r['second_prefill_s']:.3f}", f"another {prompt_tokens}; first / second {r['first_request_ratio']:.2f}")
+    con = Console(width=max(120, Console().width))
+    con.print(t)
+    con.print(f"torch.compile {r['torch_compile_s']:.2f} s in all; FX graph cache {r['fx_graph_cache_hit']} hits, "
+              f"{r['fx_graph_cache_miss']} misses; AOTAutograd cache {r['autograd_cache_hit']} hits, "
+              f"{r['autograd_cache_miss']} misses; {r['modules_compiled_from_source']} Python modules compiled from source")
 
 
 def _ints(text: str, option: str) -> list[int]:

@@ -1,6 +1,7 @@
 """`freetoken bench decode` at depth and with several streams, against `run`'s own statistics."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,46 @@ def test_depth_and_batch_rows(deep_hf):
     one_line_error(cli("bench", "decode", deep_hf, "--depth", "1k"), "--depth")
     one_line_error(cli("bench", "decode", deep_hf, "--batch", "0", "--device", "cpu"), "--batch")
     one_line_error(cli("bench", "decode", deep_hf, "--depth", 9000, "--device", "cpu"), "--depth")
+
+
+def test_startup_reports_the_phases(deep_hf):
+    r = cli("bench", "startup", deep_hf, "--device", "cpu", "--prompt-tokens", 64, "--max-context", 1024, "--json")
+    assert r.exit_code == 0, r.output
+    x = json.loads(r.stdout)
+    assert list(x["phases"]) == ["import", "dense", "read", "pin", "kv", "compile", "capture", "cache", "profile"]
+    assert all(s >= 0 for s in x["phases"].values()) and x["ready_s"] >= sum(x["phases"].values()) - x["phases"]["import"]
+    assert x["expert_bytes"] > 0 and x["read_gbps"] > 0 and x["disk_gbps"] > 0 and x["read_bound_s"] > 0
+    assert x["prompt_tokens"] == 64 and x["first_prefill_s"] > 0 and x["second_prefill_s"] > 0
+    assert x["fx_graph_cache_miss"] == 0  # nothing compiles on the CPU path
+    r = cli("bench", "startup", "--synthetic", "tiny", "--device", "cpu", "--prompt-tokens", 16, "--max-context", 256)
+    assert r.exit_code == 0, r.output
+    assert "first prefill" in r.stdout and "synthetic" in r.stdout
+
+
+def test_compiled_artifacts_go_to_the_cache_dir(monkeypatch, tmp_path):
+    from engine.config import persist_compile_caches
+    monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path))
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    persist_compile_caches()
+    import triton
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    assert Path(cache_dir()).is_relative_to(tmp_path) and Path(triton.knobs.cache.dir).is_relative_to(tmp_path)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")  # the user's choice wins
+    persist_compile_caches()
+    assert triton.knobs.cache.dir == "/elsewhere"
+
+
+@pytest.mark.gpu
+def test_a_second_start_reuses_the_compiled_artifacts(tmp_path):
+    """Two cold starts in fresh processes: the second compiles nothing new."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env["FREETOKEN_CACHE"] = str(tmp_path)
+    cmd = [sys.executable, "-m", "freetoken_cli.main", "bench", "startup", "--synthetic", "tiny", "--prompt-tokens", "64",
+           "--max-context", "1024", "--json"]
+    runs = [json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout) for _ in range(2)]
+    assert runs[0]["fx_graph_cache_miss"] > 0 and runs[0]["phases"]["compile"] > 0
+    assert runs[1]["fx_graph_cache_miss"] == 0 and runs[1]["fx_graph_cache_hit"] > 0
