@@ -98,3 +98,12 @@ def test_a_second_start_reuses_the_compiled_artifacts(tmp_path):
     runs = [json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout) for _ in range(2)]
     assert runs[0]["fx_graph_cache_miss"] > 0 and runs[0]["phases"]["compile"] > 0
     assert runs[1]["fx_graph_cache_miss"] == 0 and runs[1]["fx_graph_cache_hit"] > 0
+
+
+def test_make_checkpoint_builds_a_convertible_model(tmp_path):
+    from engine.bench.make_checkpoint import build
+    build(tmp_path / "hf", "tiny", layers=2)
+    assert (tmp_path / "hf" / "tokenizer.json").exists()
+    r = cli("bench", "startup", tmp_path / "hf", "--device", "cpu", "--prompt-tokens", 16, "--max-context", 256, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["expert_bytes"] == 2 * 16 * 3 * 64 * 32 * 2  # layers x experts x 3 matrices, bf16
