@@ -14,8 +14,8 @@ from engine.kv.batch import ForwardBatch
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv, max_pages: int, max_batch: int = 1, counters: torch.Tensor | None = None):
-        """counters: device counters that a later capture's warm-up steps (dummy tokens) must not move."""
+    def __init__(self, model, kv, max_pages: int, max_batch: int, counters: torch.Tensor):
+        """counters: the device counters that a capture's warm-up steps (dummy tokens) must not move."""
         dev, n = kv.k.device, max_batch
         self.model, self.kv, self.max_pages, self.max_batch, self.counters = model, kv, max_pages, n, counters
         self.page = kv.alloc(1)[0]  # scratch page for the capture's dummy tokens
@@ -33,7 +33,7 @@ class DecodeGraphs:
         """Warm up (compile and autotune outside the capture), then capture each batch size, on
         dummy tokens that write only the scratch page."""
         self._dummy_inputs()
-        saved = self.counters.clone() if self.counters is not None else None
+        saved = self.counters.clone()
         t0 = time.perf_counter()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -56,8 +56,7 @@ class DecodeGraphs:
                 self.graphs[b] = g
         finally:
             gc.enable()
-        if saved is not None:
-            self.counters.copy_(saved)
+        self.counters.copy_(saved)
         self.seconds["compile"] += t1 - t0
         self.seconds["capture"] += time.perf_counter() - t1
 
