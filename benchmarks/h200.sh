@@ -66,6 +66,7 @@ startup)  # issue 22: the phases of a cold `run` of the 8-layer checkpoint on di
   # warm ones; then twice with Dynamo's experimental on-disk cache of traced frames (the first saves it)
   [ -d /tmp/q30b8/ftw ] || { timeout -s ABRT 300 python3 -m engine.bench.make_checkpoint /tmp/q30b8/hf --layers 8 &&
     timeout -s ABRT 200 python3 -m freetoken_cli.main convert /tmp/q30b8/hf /tmp/q30b8/ftw; } > "$out/checkpoint.txt" 2>&1
+  ls /tmp/ftcache/profiles/*.json > /dev/null 2>&1 || ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   rm -rf /tmp/ftcache/compile
   for run in cold warm precompile-save precompile-load; do
     case $run in precompile*) export TORCH_CACHING_PRECOMPILE=1 ;; esac
