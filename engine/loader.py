@@ -3,12 +3,13 @@ every routed expert in the host store, one expert cache sized from the budget, t
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, persist_compile_caches
 from engine.errors import UserError
 from engine.kv.paged import KVPool
 from engine.layers.rope import Rope
@@ -80,7 +81,9 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     cfg = model_config(json.loads(reader.file("config.json").read_text()))
     device = pick_device(config.device)
     dtype = compute_dtype(reader.meta["dtype"], device)
+    clock = Phases()
     model = load_dense(reader, cfg, device, dtype)
+    clock.mark("dense")
     layout = SlotLayout.from_meta(reader.meta["layout"])
     total, done = len(cfg.moe_layer_ids) * cfg.num_experts * layout.slot_bytes, [0]
 
@@ -88,8 +91,12 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
         done[0] += n
         if progress:
             progress("experts", done[0], total)
-    store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, device.type == "cuda", tick)
-    return assemble(config, cfg, model, store, device, dtype, path)
+    store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, tick)
+    clock.mark("read")
+    if device.type == "cuda":
+        store.pin()
+    clock.mark("pin")
+    return assemble(config, cfg, model, store, device, dtype, path, clock)
 
 
 def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0,
@@ -99,32 +106,51 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     cfg = synthetic_config(shape, layers)
     device = pick_device(config.device)
     dtype = compute_dtype(cfg.dtype, device)
-    gen = torch.Generator().manual_seed(seed)
+    gen, clock = torch.Generator().manual_seed(seed), Phases()
     with torch.device("meta"):
         model = CausalLM(cfg)
     model.to_empty(device="cpu")
     random_dense(model, gen)
     model.to(device, dtype).requires_grad_(False)
     model.rope = Rope(cfg.rope, cfg.head_dim, device)
+    clock.mark("dense")
     layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, DTYPES[cfg.dtype])
     store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, layout)
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
+    clock.mark("read")  # random experts written in place of the read
     if device.type == "cuda":
         store.pin()
-    return assemble(config, cfg, model, store, device, dtype, None)
+    clock.mark("pin")
+    return assemble(config, cfg, model, store, device, dtype, None, clock)
+
+
+class Phases:
+    """Seconds per load phase: mark(name) closes the phase that ran since the last mark."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self._t = now - self._t, now
 
 
 def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: HostExpertStore,
-             device: torch.device, dtype: torch.dtype, path: Path | None) -> ModelRunner:
-    """KV pool, expert cache and runtime around loaded weights."""
+             device: torch.device, dtype: torch.dtype, path: Path | None, clock: Phases) -> ModelRunner:
+    """KV pool, expert cache and runtime around loaded weights; runner.timings gets the load's phases."""
+    persist_compile_caches()  # before the graph warm-up compiles anything
     layout = store.layout
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context * config.max_running
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
                 *cfg.kv_row, dtype, device, values=cfg.mla is None)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
+    clock.mark("kv")
     rebuild_experts(runner, store, config)
     runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
+    clock.mark("experts")
+    runner.timings = clock.seconds
     return runner
 
 
@@ -187,9 +213,8 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
         if runner.device.type == "cuda":
             from engine.graphs import DecodeGraphs
             runner.graphs = DecodeGraphs(runner.model, runner.kv, -(-runner.max_context // runner.kv.page_size),
-                                         range(1, config.max_running + 1))
+                                         config.max_running, runtime.device_ctl.counts)
             cache.tables.clear()  # the warm-up steps ran on dummy tokens: start from an empty cache
-            runtime.device_ctl.stats.zero_()
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
         runtime.warm()
     return runtime

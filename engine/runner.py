@@ -3,7 +3,7 @@ store, device cache, miss policy), the paged KV pool and, on CUDA, the captured 
 engine.loader builds one; the scheduler calls `forward` once per step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +25,7 @@ class ModelRunner:
     max_context: int
     graphs: object = None        # engine.graphs.DecodeGraphs when decode runs as CUDA graphs
     prefill_chunk: int = 2048    # tokens per prefill forward (EngineConfig's, or sized at load)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per load phase (bench startup)
 
     def forward(self, batch, kv) -> torch.Tensor:
         """One step: a captured graph for decode batches when one fits, else eager."""

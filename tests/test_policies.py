@@ -195,8 +195,12 @@ def test_decode_bound_splits_the_misses_ideally():
     from engine.bench.decode import bound
     prof = {"h2d_gbps": 50.0, "h2d_concurrent_gbps": 40.0, "cpu_expert_gbps": 70.0, "cpu_expert_concurrent_gbps": 60.0}
     hbm = 1e9  # GB/s: the GPU's own bytes cost ~nothing here
-    lopsided, even = ({"bytes_filled": f, "bytes_cpu": 10e9 - f, "hit_bytes": 0} for f in (9e9, 4e9))
+    lopsided, even = ({"bytes_filled": f, "bytes_cpu": 10e9 - f, "hit_bytes": 0, "kv_bytes": 0, "batch": 1}
+                      for f in (9e9, 4e9))
     assert bound(lopsided, prof, 0, hbm) == pytest.approx(bound(even, prof, 0, hbm), rel=1e-6)
     assert bound(even, prof, 0, hbm) == pytest.approx(10.0, rel=1e-6)          # 10 GB at 100 GB/s
-    fetch_only = {"bytes_filled": 10e9, "bytes_cpu": 0, "hit_bytes": 0}
+    fetch_only = {"bytes_filled": 10e9, "bytes_cpu": 0, "hit_bytes": 0, "kv_bytes": 0, "batch": 1}
     assert bound(fetch_only, prof, 0, hbm) == pytest.approx(5.0, rel=1e-6)    # solo B_P
+    # a step of B streams reads the dense weights once: with nothing else, B times the tokens
+    one, four = ({"bytes_filled": 0, "bytes_cpu": 0, "hit_bytes": 0, "kv_bytes": 0, "batch": b} for b in (1, 4))
+    assert bound(four, prof, 1e9, hbm) == pytest.approx(4 * bound(one, prof, 1e9, hbm), rel=1e-6)

@@ -18,7 +18,7 @@ import statistics
 import time
 
 
-from engine.bench.decode import decode_once, decode_runtime, random_prompt
+from engine.bench.decode import bench_scheduler, decode_once, decode_runtime, random_prompt
 from engine.config import EngineConfig, parse_size
 from engine.loader import load_synthetic
 from engine.profile import load_or_measure
@@ -42,7 +42,7 @@ def run(runner, config: EngineConfig, routing: str, variants: list[tuple[str, li
         repeats: int, prof: dict, say=print) -> dict[str, list[float]]:
     """-> {variant: [tok/s per repeat]}; each repeat runs every variant in turn."""
     store = runner.runtime.store
-    prompt = random_prompt(runner, 32)
+    prompts, sched = [random_prompt(runner, 32)], bench_scheduler(runner)
     defaults = {(m, a): getattr(m, a) for _, sets in variants for m, a, _ in sets}
     runs: dict[str, list[float]] = {name: [] for name, _ in variants}
     for r in range(repeats):
@@ -52,8 +52,8 @@ def run(runner, config: EngineConfig, routing: str, variants: list[tuple[str, li
             for m, a, v in sets:
                 setattr(m, a, v)
             decode_runtime(runner, store, config, routing, prof)
-            decode_once(runner, prompt, min(tokens, 8))  # warm-up: kernels, cache contents
-            seconds, c = decode_once(runner, prompt, tokens)
+            decode_once(sched, prompts, min(tokens, 8))  # warm-up: kernels, cache contents
+            seconds, c = decode_once(sched, prompts, tokens)
             runs[name].append(tokens / seconds)
             qs = runner.runtime.qstar
             say(f"repeat {r + 1}, {name}: {runs[name][-1]:.2f} tok/s, hits {c.hit_rate:.1%}, MB per token filled "

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from torch.profiler import ProfilerActivity, profile
 
-from engine.bench.decode import decode_once, decode_runtime
+from engine.bench.decode import bench_scheduler, decode_once, decode_runtime
 from engine.config import EngineConfig, parse_size
 from engine.loader import load_synthetic
 from engine.profile import load_or_measure
@@ -48,18 +48,18 @@ def main(routing: str, layers: int = 12, budget: str = "2GiB", out: str | None =
                        max_context=4096)
     runner = load_synthetic(cfg, shape, layers)
     prof = load_or_measure(8, say=print)
-    prompt = list(range(100, 132))
+    prompts, sched = [list(range(100, 132))], bench_scheduler(runner)
     store = runner.runtime.store
     everything = store.nbytes + (1 << 30)
     for pol, b in (("fetch", cfg.expert_budget), ("adaptive", cfg.expert_budget), ("cpu", cfg.expert_budget),
                    ("fetch", everything)):
         c = replace(cfg, moe_policy=pol, expert_budget=b)
         decode_runtime(runner, store, c, routing, prof)
-        decode_once(runner, prompt, 8)
-        dt = decode_once(runner, prompt, 16)[0] / 16
+        decode_once(sched, prompts, 8)
+        dt = decode_once(sched, prompts, 16)[0] / 16
         kind = runner.device.type.upper()
         p = profile(activities=[getattr(ProfilerActivity, kind)])
-        decode_once(runner, prompt, 6, p)
+        decode_once(sched, prompts, 6, p)
         label = "all resident" if b == everything else f"{pol} {budget}"
         print(f"{label}: {dt * 1e3:.2f} ms per token ({1 / dt:.1f} tok/s), {layers} layers")
         report(p, 6, layers, kind)
