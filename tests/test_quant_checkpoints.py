@@ -55,7 +55,7 @@ def test_matches_transformers_at_every_budget_and_policy(quantized, method):
         assert greedy(load(ftw, graph=graph), ids, 16) == want
         for policy in POLICIES:  # one layer's experts in the cache
             e = load(ftw, expert_budget=8 * slot, moe_policy=policy, graph=graph)
-            e.runtime.set_bandwidths(1.0, 1.0, online=False)  # q* = 0.5
+            e.runtime.qstar.start(1.0, 1.0, online=False)  # q* = 0.5
             assert greedy(e, ids, 16) == want, (policy, graph)
             st = e.runtime.cache.stats
             assert st.misses > 0 and st.fetched + st.cpu == st.misses

@@ -108,7 +108,7 @@ def test_q_star_merge_is_exact_with_quantized_experts(int4_ftw):
     """A layer step with misses split between the cache and the CPU sums to the all-resident result."""
     e = load(int4_ftw, expert_budget=10 * load(int4_ftw).runtime.store.layout.slot_bytes)
     rt = e.runtime
-    rt.set_bandwidths(1.0, 1.0, online=False)
+    rt.qstar.start(1.0, 1.0, online=False)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(6, 64, generator=g)
     ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(6)])

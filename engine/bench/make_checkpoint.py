@@ -17,13 +17,10 @@ from engine.synthetic import SHAPES
 
 def build(out: Path, shape: str, layers: int | None = None) -> None:
     import transformers as tf
-    s = SHAPES[shape]
-    cfg = tf.Qwen3MoeConfig(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
-                            intermediate_size=4 * s["hidden_size"], num_hidden_layers=layers or s["num_layers"],
-                            num_attention_heads=s["num_heads"], num_key_value_heads=s["num_kv_heads"],
-                            head_dim=s["head_dim"], num_experts=s["num_experts"], num_experts_per_tok=s["top_k"],
-                            moe_intermediate_size=s["moe_intermediate_size"], max_position_embeddings=40960,
-                            norm_topk_prob=True, tie_word_embeddings=False)
+    hf = dict(SHAPES[shape], tie_word_embeddings=False)
+    hf["num_hidden_layers"] = layers or hf["num_hidden_layers"]
+    hf.setdefault("intermediate_size", 4 * hf["hidden_size"])
+    cfg = tf.AutoConfig.for_model(hf.pop("model_type"), **hf)
     tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(out)
     for f in DEMO.iterdir():
         if f.name.startswith(("tokenizer", "chat_template")):

@@ -17,18 +17,18 @@ from engine.errors import UserError
 HELDOUT = Path(__file__).resolve().parents[1] / "demo" / "heldout.txt"
 
 
-def log_probs(engine, ids: list[int]) -> torch.Tensor:
+def log_probs(runner, ids: list[int]) -> torch.Tensor:
     """log-softmax of the next-token logits at every position of `ids` (one sequence from position
     0), float32 [N, V] on the CPU, prefilled chunk by chunk."""
     from engine.kv.batch import ForwardBatch
-    kv, out = engine.kv, []
+    kv, out = runner.kv, []
     pages = kv.alloc(-(-len(ids) // kv.page_size))
     try:
         with torch.no_grad():
-            for a in range(0, len(ids), engine.prefill_chunk):
-                b = ForwardBatch.build([(ids[a:a + engine.prefill_chunk], a, pages)], kv.page_size, engine.device,
+            for a in range(0, len(ids), runner.prefill_chunk):
+                b = ForwardBatch.build([(ids[a:a + runner.prefill_chunk], a, pages)], kv.page_size, runner.device,
                                        all_logits=True)
-                out.append(torch.log_softmax(engine.model(b, kv).float(), -1).cpu())
+                out.append(torch.log_softmax(runner.model(b, kv).float(), -1).cpu())
     finally:
         kv.release(pages)
     return torch.cat(out)
@@ -49,7 +49,7 @@ def quality(model: str | None, reference: str, config: EngineConfig, text: str, 
     the demo model) over the first `tokens` tokens of `text` (MODEL's tokenizer), scored in
     windows of the model's context. Keys: kl_mean, top1_agree, ppl, ppl_ref, expert_bytes,
     expert_bytes_ref, tokens, format, format_ref."""
-    from engine.loader import load_engine
+    from engine.loader import load_runner
     from engine.resolve import ensure_ftw
     from engine.tokenizer import Tokenizer
     paths = [ensure_ftw(m) for m in (model, reference)]
@@ -58,18 +58,18 @@ def quality(model: str | None, reference: str, config: EngineConfig, text: str, 
         raise UserError("the text has fewer than 2 tokens; give a longer --text")
     res, logps, seqs = {}, [], []
     for key, path in (("", paths[0]), ("_ref", paths[1])):  # one model loaded at a time
-        engine = load_engine(replace(config, model=str(path)), path)
+        runner = load_runner(replace(config, model=str(path)), path)
         if not seqs:
-            context = engine.max_context
+            context = runner.max_context
             seqs = [ids[a:a + context] for a in range(0, len(ids), context) if len(ids) - a > 1]
-        elif engine.cfg.vocab_size != logps[0][0].shape[-1]:
-            raise UserError(f"{reference} has a vocabulary of {engine.cfg.vocab_size} tokens and "
+        elif runner.cfg.vocab_size != logps[0][0].shape[-1]:
+            raise UserError(f"{reference} has a vocabulary of {runner.cfg.vocab_size} tokens and "
                             f"{model or 'the demo model'} of {logps[0][0].shape[-1]}; compare two formats of one model")
-        logps.append([log_probs(engine, s) for s in seqs])
-        res["expert_bytes" + key] = engine.runtime.store.nbytes
-        res["format" + key] = engine.runtime.store.layout.dtype
-        engine.runtime.close()
-        del engine
+        logps.append([log_probs(runner, s) for s in seqs])
+        res["expert_bytes" + key] = runner.runtime.store.nbytes
+        res["format" + key] = runner.runtime.store.layout.dtype
+        runner.runtime.close()
+        del runner
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     per = torch.cat([compare(lp[:-1], lr[:-1], torch.tensor(s[1:])) for lp, lr, s in zip(*logps, seqs)])
