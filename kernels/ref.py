@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.quant import QWeight
+
 
 def act_and_mul(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """[N, 2I] with gate columns first, then up -> [N, I]."""
@@ -19,7 +21,8 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     """Weighted sum of routed expert FFNs.
 
     x [T, H]; w_gate_up [S, 2I, H]; w_down [S, H, I] (S = slots of a GPU pool or experts of a
-    host bank); slots [T, K] integer, -1 = this route is computed elsewhere; weights [T, K].
+    host bank), each a tensor or a QWeight (dequantized per slot); slots [T, K] integer, -1 =
+    this route is computed elsewhere; weights [T, K].
     Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]).
     """
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
@@ -33,10 +36,14 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         start += n
         if s < 0:  # routes computed elsewhere
             continue
-        h = act_and_mul(x[t] @ w_gate_up[s].t().to(x.dtype), act)
-        y = (h @ w_down[s].t().to(x.dtype)) * w[idx, None]
+        h = act_and_mul(x[t] @ _slot(w_gate_up, s).t().to(x.dtype), act)
+        y = (h @ _slot(w_down, s).t().to(x.dtype)) * w[idx, None]
         out.index_add_(0, t, y.float())
     return out
+
+
+def _slot(w: torch.Tensor | QWeight, s: int) -> torch.Tensor:
+    return w.dequant(s) if isinstance(w, QWeight) else w[s]
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
