@@ -16,8 +16,9 @@ pytest.importorskip("triton")
 
 from kernels import ref  # noqa: E402
 from kernels.attention_triton import paged_decode_attention  # noqa: E402
-from kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
+from kernels.moe_triton import moe_experts, moe_experts_auto, slot_views  # noqa: E402
 from kernels.plan_triton import plan  # noqa: E402
+from kernels.quant import QWeight, quantize  # noqa: E402
 from kernels.router_triton import route  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
@@ -104,6 +105,90 @@ def test_moe_experts_decode_shape_gpu(dtype):
     out = moe_experts(x, wgu, wd, slots.to(DEV), w.to(DEV))
     _close(out, ref.moe_experts(x.double(), wgu.double(), wd.double(), slots.to(DEV),
                                 w.to(DEV).double()).float(), dtype)
+
+
+# ---------------------------------------------------------------- moe_experts, quantized weights
+def _qweight(fmt, S, N, K, group, symmetric, scale_dtype, pooled, gen):
+    """S random experts [N, K], each quantize()d; the parts stacked, or copied into a padded
+    byte-row pool (slot-strided views); and the dequantized fp32 weights [S, N, K]."""
+    parts = [quantize(fmt, torch.randn(N, K, generator=gen) * 0.3, group, scale_dtype, symmetric)
+             for _ in range(S)]
+    q, s, z = (None if p[0] is None else torch.stack(p) for p in zip(*(p[:3] for p in parts)))
+    qw = QWeight(fmt, q, s, z, parts[0][3])
+    deq = torch.stack([qw.dequant(i) for i in range(S)])
+    if pooled:
+        have = [t for t in (q, s, z) if t is not None]
+        views = slot_views(S, [(tuple(t.shape[1:]), t.dtype) for t in have], DEV)
+        for v, t in zip(views, have):
+            v.copy_(t)
+        assert views[0].stride(0) > views[0][0].numel()
+        q, s, z = views[0], views[1], views[2] if z is not None else None
+    return QWeight(fmt, q.to(DEV), s.to(DEV), None if z is None else z.to(DEV), qw.block), deq
+
+
+QUANT = [("int4", True), ("int4", False), ("int8", True), ("int8", False), ("fp8", True),
+         ("mxfp4", True)]
+
+
+@pytest.mark.parametrize("fmt,symmetric", QUANT)
+@pytest.mark.parametrize("T,xdt,blocks,pooled", [(1, torch.float32, SMALL_BLOCKS, True),
+                                                 (3, torch.float16, (8, 64, 32, 64), False),
+                                                 (3, torch.float32, None, True)])
+def test_moe_experts_quantized_matches_ref(fmt, symmetric, T, xdt, blocks, pooled):
+    """Every format against the reference on the dequantized weights: tiles smaller and larger
+    than a quantization block, loops with tails, dead and shared routes, stacked and pooled."""
+    gen = torch.Generator().manual_seed(5)
+    K, H, I, S = 4, 96, 64, 5
+    scale_dtype = torch.float16 if symmetric else torch.float32
+    wgu, dgu = _qweight(fmt, S, 2 * I, H, 32, symmetric, scale_dtype, pooled, gen)
+    wd, dd = _qweight(fmt, S, H, I, 32, symmetric, scale_dtype, pooled, gen)
+    x = torch.randn(T, H, generator=gen).to(xdt)
+    slots = torch.stack([torch.randperm(S, generator=gen)[:K] for _ in range(T)])
+    slots[0, 0] = -1
+    if T > 1:
+        slots[1, 1], slots[2, 2] = slots[0, 1], -1
+    w = torch.rand(T, K, generator=gen)
+    out = moe_experts(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV), blocks=blocks)
+    ref32 = ref.moe_experts(x.float(), dgu, dd, slots, w)
+    assert out.dtype == torch.float32 and out.shape == (T, H)
+    _close(out, ref32, torch.float32)          # fp16 x is exact in fp32: no rounding of its own
+    cpu = [QWeight(q.fmt, *(None if t is None else t.cpu() for t in (q.q, q.s, q.z)), q.block)
+           for q in (wgu, wd)]
+    assert torch.equal(ref.moe_experts(x.float(), *cpu, slots, w), ref32)
+
+
+def test_moe_experts_quantized_dead_routes_and_auto():
+    gen = torch.Generator().manual_seed(6)
+    T, K, H, I, S = 2, 2, 64, 32, 3
+    wgu, dgu = _qweight("int4", S, 2 * I, H, 16, False, torch.float16, True, gen)
+    wd, dd = _qweight("int4", S, H, I, 16, False, torch.float16, True, gen)
+    x = torch.randn(T, H, generator=gen)
+    slots = torch.full((T, K), -1, dtype=torch.int64)
+    w = torch.full((T, K), float("nan"))                      # must not leak from dead routes
+    dead = moe_experts(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
+    assert torch.equal(dead.cpu(), torch.zeros(T, H))
+    slots[1, 0], w = 2, torch.nan_to_num(w)
+    w[1, 0] = 0.5
+    got = moe_experts_auto(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
+    _close(got, ref.moe_experts(x, dgu, dd, slots, w), torch.float32)
+    assert got[0].abs().max() == 0 and got[1].abs().max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,symmetric", QUANT)
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_moe_experts_quantized_decode_shape_gpu(fmt, symmetric, scale_dtype):
+    """bf16 x at the Qwen3-30B-A3B expert shape, pooled slots, groups of 128."""
+    gen = torch.Generator().manual_seed(7)
+    T, K, H, I, S = 4, 8, 2048, 768, 10
+    wgu, dgu = _qweight(fmt, S, 2 * I, H, 128, symmetric, scale_dtype, True, gen)
+    wd, dd = _qweight(fmt, S, H, I, 128, symmetric, scale_dtype, True, gen)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    slots = torch.randint(-1, S, (T, K), generator=gen)
+    w = torch.rand(T, K, generator=gen)
+    out = moe_experts(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
+    _close(out, ref.moe_experts(x.double(), dgu.double(), dd.double(), slots, w.double()).float(),
+           torch.float32)
 
 
 # ---------------------------------------------------------------- paged decode attention
