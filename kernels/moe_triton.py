@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels import ref
+from kernels.moe_gemm_triton import e2m1, moe_experts_gemm
 from kernels.quant import FORMATS, QWeight, quantize
 
 _MX = tl.constexpr(2.0 ** 63)      # mxfp4: x is scaled by it, the block scale by 2**63 / 2**126
@@ -29,13 +30,6 @@ def _at(src, mask: tl.constexpr, p: tl.constexpr, c):
     c = 2**(23 - p) + z: the code or-ed into the bits of 2**23 is the float 2**23 + code * 2**p,
     and one FFMA scales it by 2**-p and subtracts c."""
     return ((src & mask) | 0x4B000000).to(tl.float32, bitcast=True) * (2.0 ** -p) - c
-
-
-@triton.jit
-def _e2m1(c):
-    """E2M1 of the low nibble of c, times 2**-126: the nibble's sign, exponent and mantissa bits
-    placed as a float32's (exponent 0 is the subnormal 0.5 * 2**-126, as E2M1's is 0.5)."""
-    return ((((c & 7) << 22) | ((c & 8) << 28))).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -89,14 +83,14 @@ def _word_dots(w, x, z, FMT: tl.constexpr):
         t += _at(u, 0xF0000, 16, c16) * x7[None]
     else:
         x0, x1, x2, x3, x4, x5, x6, x7 = _planes(x * _MX, 8)
-        t = _e2m1(w) * x0[None]
-        t += _e2m1(w >> 4) * x1[None]
-        t += _e2m1(w >> 8) * x2[None]
-        t += _e2m1(w >> 12) * x3[None]
-        t += _e2m1(w >> 16) * x4[None]
-        t += _e2m1(w >> 20) * x5[None]
-        t += _e2m1(w >> 24) * x6[None]
-        t += _e2m1(w >> 28) * x7[None]
+        t = e2m1(w) * x0[None]
+        t += e2m1(w >> 4) * x1[None]
+        t += e2m1(w >> 8) * x2[None]
+        t += e2m1(w >> 12) * x3[None]
+        t += e2m1(w >> 16) * x4[None]
+        t += e2m1(w >> 20) * x5[None]
+        t += e2m1(w >> 24) * x6[None]
+        t += e2m1(w >> 28) * x7[None]
     return tl.sum(t, axis=2)
 
 
@@ -248,10 +242,13 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
 def moe_experts_auto(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight,
                      w_down: torch.Tensor | QWeight, slots: torch.Tensor, weights: torch.Tensor,
                      act: str = "silu", reduce: bool = True) -> torch.Tensor:
-    """The Triton kernel for decode-sized batches on CUDA (T*K <= 64), the reference otherwise
-    (which always returns the sum over the routes, whatever reduce asks)."""
+    """On CUDA the GEMV kernels for decode-sized batches (T*K <= 64), the grouped GEMMs for more
+    routes over quantized experts; the reference otherwise. Both of the latter always return the
+    sum over the routes, whatever reduce asks."""
     if x.is_cuda and slots.numel() <= 64:
         return moe_experts(x, w_gate_up, w_down, slots, weights, act, reduce=reduce)
+    if x.is_cuda and isinstance(w_gate_up, QWeight) and isinstance(w_down, QWeight):
+        return moe_experts_gemm(x, w_gate_up, w_down, slots, weights, act)
     return ref.moe_experts(x, w_gate_up, w_down, slots, weights, act)
 
 
@@ -363,5 +360,30 @@ def bench_quant(fmts: tuple[str, ...] = ("bf16",) + FORMATS, batches: tuple[int,
     return res
 
 
+def bench_prefill(T: int = 2048, K: int = 8, H: int = 2048, I: int = 768, E: int = 128,
+                  group: int = 128) -> dict:
+    """H200 timing of one prefill chunk's routed experts (uniform top-K routing over E resident
+    slots) per weight format: the grouped GEMMs and the reference they replace (one expert at a
+    time, dequantized by plain torch), beside the reference on bf16 weights (cuBLAS, no
+    dequantization). ms and TFLOP/s of the expert FLOPs."""
+    from triton.testing import do_bench
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    slots = torch.rand(T, E, device="cuda").argsort(dim=1)[:, :K]
+    w = torch.rand(T, K, device="cuda")
+    flops = 2 * T * K * 3 * I * H
+    res = {}
+    for fmt in ("bf16",) + FORMATS:
+        (wgu, wd), _ = _bench_weights(fmt, E, H, I, group)
+        runs = {"ref": lambda: ref.moe_experts(x, wgu, wd, slots, w)}
+        if fmt != "bf16":
+            runs["gemm"] = lambda: moe_experts_gemm(x, wgu, wd, slots, w)
+        res[fmt] = {}
+        for name, fn in runs.items():
+            ms = do_bench(fn)
+            res[fmt][name] = {"ms": round(ms, 3), "TFLOP/s": round(flops / ms / 1e9, 1)}
+        del wgu, wd
+    return res
+
+
 if __name__ == "__main__":
-    print(json.dumps(bench_quant(), indent=1))
+    print(json.dumps({"decode": bench_quant(), "prefill": bench_prefill()}, indent=1))

@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from kernels import ref  # noqa: E402
 from kernels.attention_triton import paged_decode_attention  # noqa: E402
+from kernels.moe_gemm_triton import moe_experts_gemm  # noqa: E402
 from kernels.moe_triton import moe_experts, moe_experts_auto, slot_views  # noqa: E402
 from kernels.plan_triton import plan  # noqa: E402
 from kernels.quant import QWeight, quantize  # noqa: E402
@@ -189,6 +190,43 @@ def test_moe_experts_quantized_decode_shape_gpu(fmt, symmetric, scale_dtype):
     out = moe_experts(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
     _close(out, ref.moe_experts(x.double(), dgu.double(), dd.double(), slots, w.double()).float(),
            torch.float32)
+
+
+@pytest.mark.parametrize("fmt,symmetric", QUANT)
+@pytest.mark.parametrize("xdt,blocks,pooled", [(torch.float32, (16, 16, 64, 32, 16), True),
+                                               (torch.float16, (32, 32, 32, 16, 64), False)])
+def test_moe_experts_gemm_matches_ref(fmt, symmetric, xdt, blocks, pooled):
+    """The prefill grouped GEMMs against the reference: several tiles per slot, dead routes,
+    K tails; the weights rounded to x's dtype as the reference rounds them."""
+    _need(xdt)
+    gen = torch.Generator().manual_seed(8)
+    T, K, H, I, S = 24, 4, 96, 64, 5
+    wgu, dgu = _qweight(fmt, S, 2 * I, H, 32, symmetric, torch.float16, pooled, gen)
+    wd, dd = _qweight(fmt, S, H, I, 32, symmetric, torch.float16, pooled, gen)
+    x = torch.randn(T, H, generator=gen).to(xdt)
+    slots = torch.randint(-1, S, (T, K), generator=gen)
+    w = torch.rand(T, K, generator=gen)
+    out = moe_experts_gemm(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV), blocks=blocks)
+    ref32 = ref.moe_experts(x.float(), dgu.to(xdt).float(), dd.to(xdt).float(), slots, w)
+    assert out.dtype == torch.float32 and out.shape == (T, H)
+    _close(out, ref32, xdt)
+    if CUDA:
+        assert torch.equal(moe_experts_auto(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV)), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,symmetric", QUANT)
+def test_moe_experts_gemm_prefill_shape_gpu(fmt, symmetric):
+    gen = torch.Generator().manual_seed(9)
+    T, K, H, I, S = 512, 8, 2048, 768, 16
+    wgu, dgu = _qweight(fmt, S, 2 * I, H, 128, symmetric, torch.bfloat16, True, gen)
+    wd, dd = _qweight(fmt, S, H, I, 128, symmetric, torch.bfloat16, True, gen)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    slots = torch.randint(-1, S, (T, K), generator=gen)
+    w = torch.rand(T, K, generator=gen)
+    out = moe_experts_auto(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
+    _close(out, ref.moe_experts(x.double(), *(d.to(torch.bfloat16).double() for d in (dgu, dd)),
+                                slots, w.double()).float(), torch.bfloat16)
 
 
 # ---------------------------------------------------------------- paged decode attention
