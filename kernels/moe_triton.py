@@ -200,12 +200,14 @@ def _weight_args(w: torch.Tensor | QWeight, block_k: int) -> tuple[tuple, dict]:
                 dict(FMT="plain", BN=1, BK=1, GK=min(block_k, 16 // w.element_size())))
     q, s, z = w.q, w.s, w.q if w.z is None else w.z
     assert q.stride(2) == 1 and s.stride(2) == 1 and z.stride(2) == 1
-    per16 = 32 if w.fmt in ("int4", "mxfp4") else 16
+    per16, per_word = {"int4": (32, 8), "mxfp4": (32, 8), "int8": (16, 4), "fp8": (16, 1)}[w.fmt]
     if w.fmt != "fp8":
-        q = q.view(torch.int32)                          # the pools keep rows 4-byte aligned
+        q = q.view(torch.int32)                          # the pools keep parts 16-byte aligned
     bn, bk = w.block
+    gk = math.gcd(block_k, bk, per16)
+    assert gk % per_word == 0, (w.fmt, block_k, bk)
     return ((q, s, z, q.stride(0), q.stride(1), s.stride(0), s.stride(1), z.stride(0), z.stride(1)),
-            dict(FMT=w.fmt, BN=bn, BK=bk, GK=math.gcd(block_k, bk, per16)))
+            dict(FMT=w.fmt, BN=bn, BK=bk, GK=gk))
 
 
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torch.Tensor | QWeight,
