@@ -110,21 +110,21 @@ def test_moe_experts_decode_shape_gpu(dtype):
 
 # ---------------------------------------------------------------- moe_experts, quantized weights
 def _qweight(fmt, S, N, K, group, symmetric, scale_dtype, pooled, gen):
-    """S random experts [N, K], each quantize()d; the parts stacked, or copied into a padded
-    byte-row pool (slot-strided views); and the dequantized fp32 weights [S, N, K]."""
-    parts = [quantize(fmt, torch.randn(N, K, generator=gen) * 0.3, group, scale_dtype, symmetric)
-             for _ in range(S)]
+    """S random experts [N, K], each quantize()d (on DEV); the parts stacked, or copied into a
+    padded byte-row pool (slot-strided views); and the dequantized fp32 weights [S, N, K] (CPU)."""
+    parts = [quantize(fmt, (torch.randn(N, K, generator=gen) * 0.3).to(DEV), group, scale_dtype,
+                      symmetric) for _ in range(S)]
     q, s, z = (None if p[0] is None else torch.stack(p) for p in zip(*(p[:3] for p in parts)))
     qw = QWeight(fmt, q, s, z, parts[0][3])
-    deq = torch.stack([qw.dequant(i) for i in range(S)])
+    deq = torch.stack([qw.dequant(i) for i in range(S)]).cpu()
     if pooled:
         have = [t for t in (q, s, z) if t is not None]
         views = slot_views(S, [(tuple(t.shape[1:]), t.dtype) for t in have], DEV)
         for v, t in zip(views, have):
             v.copy_(t)
         assert views[0].stride(0) > views[0][0].numel()
-        q, s, z = views[0], views[1], views[2] if z is not None else None
-    return QWeight(fmt, q.to(DEV), s.to(DEV), None if z is None else z.to(DEV), qw.block), deq
+        qw = QWeight(fmt, views[0], views[1], views[2] if z is not None else None, qw.block)
+    return qw, deq
 
 
 QUANT = [("int4", True), ("int4", False), ("int8", True), ("int8", False), ("fp8", True),
