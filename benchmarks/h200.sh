@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
-# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step.
+# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | depth | startup | depth-run.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 # PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
@@ -14,12 +14,12 @@ tests)
   lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Flags" | cut -c1-300 >> "$out/env.txt"
   timeout -s ABRT 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_triton_kernels.py tests/test_graphs.py tests/test_prefill.py \
     tests/test_parity.py tests/test_expert_memory.py tests/test_policies.py tests/test_cpu_executor.py \
-    tests/test_radix.py tests/test_ftw.py > "$out/gpu_tests.txt" 2>&1
+    tests/test_radix.py tests/test_ftw.py tests/test_archs.py > "$out/gpu_tests.txt" 2>&1
   tail -5 "$out/gpu_tests.txt"
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2> "$out/profile.err"; cat "$out/profile.json"
   python3 -c "from kernels.moe_triton import bench_moe; from kernels.attention_triton import bench_attention
-from kernels.plan_triton import bench_plan; from kernels.fill_triton import bench_fill
-print(bench_moe()); print(bench_attention()); print(bench_plan()); print(bench_fill())" > "$out/kernels.txt" 2>&1
+from kernels.plan_triton import bench_plan; from kernels.fill_triton import bench_fill; from kernels.mla_triton import bench_mla
+print(bench_moe()); print(bench_attention()); print(bench_plan()); print(bench_fill()); print(bench_mla())" > "$out/kernels.txt" 2>&1
   tail -3 "$out/kernels.txt"
   python3 -m kernels.moe_triton > "$out/kernels_quant.json" 2>&1; tail -60 "$out/kernels_quant.json" ;;
 graphs)  # graph decode: GPU tests, then graph vs eager rows
@@ -30,7 +30,7 @@ graphs)  # graph decode: GPU tests, then graph vs eager rows
     --routing model > "$out/decode_graph.txt" 2>&1; cat "$out/decode_graph.txt" ;;
 decode-a)  # issue 4: the four policies at three budgets on a locality trace, then with model routing
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
-  python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
+  python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
   # 12 rows took ~300 s on 2026-11-30; --out keeps the rows measured before a time limit
   timeout -s ABRT 360 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB \
     --moe-policy adaptive,fetch,cpu,static:auto --routing trace:/tmp/trace.npy --out "$out/decode_a.json" \
@@ -39,7 +39,7 @@ decode-a)  # issue 4: the four policies at three budgets on a locality trace, th
     --routing model --out "$out/decode_am.json" > "$out/decode_am.txt" 2>&1; tail -10 "$out/decode_am.txt" ;;
 decode-b)  # issue 4: a locality trace at three budgets, a competing host-memory load, model routing
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
-  python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
+  python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
   timeout -s ABRT 330 python3 -m freetoken_cli.main bench decode $shape --expert-budget 4GiB,8GiB,16GiB --moe-policy adaptive,fetch,cpu \
     --routing trace:/tmp/trace.npy --out "$out/decode_b.json" > "$out/decode_b.txt" 2>&1; tail -16 "$out/decode_b.txt"
   for hogs in 6 12; do  # 12 hogs also oversubscribe the 16 cores the executor's 8 threads run on
@@ -56,7 +56,33 @@ prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 20
   # the compute floor: the same 16k prompt with every expert resident
   ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 60GiB --lengths 16384 --mode routed \
     --follow-up 0 --out "$out/prefill_resident.json" > "$out/prefill_resident.txt" 2>&1; cat "$out/prefill_resident.txt" ;;
+depth)  # issue 22: decode at 1k-64k of context and with 1, 4, 8 streams; every expert resident (16GiB > 9 GiB) and 1/8
+  ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
+  m8="--synthetic qwen3-30b-a3b --layers 8 --cpu-threads 8 --moe-policy adaptive --routing model --tokens 32 --repeats 3"
+  timeout -s ABRT 300 python3 -m freetoken_cli.main bench decode $m8 --expert-budget 16GiB,1152MiB \
+    --depth 1024,16384,32768,65536 --out "$out/depth.json" > "$out/depth.txt" 2>&1; tail -14 "$out/depth.txt"
+  timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode $m8 --expert-budget 16GiB,1152MiB --depth 1024 \
+    --batch 1,4,8 --out "$out/batch.json" > "$out/batch.txt" 2>&1; tail -12 "$out/batch.txt" ;;
+startup)  # issue 22: the phases of a cold `run` of the 8-layer checkpoint on disk: empty compile caches, then
+  # warm ones; then twice with Dynamo's experimental on-disk cache of traced frames (the first saves it)
+  [ -d /tmp/q30b8/ftw ] || { timeout -s ABRT 300 python3 -m engine.bench.make_checkpoint /tmp/q30b8/hf --layers 8 &&
+    timeout -s ABRT 200 python3 -m freetoken_cli.main convert /tmp/q30b8/hf /tmp/q30b8/ftw; } > "$out/checkpoint.txt" 2>&1
+  ls /tmp/ftcache/profiles/*.json > /dev/null 2>&1 || ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
+  rm -rf /tmp/ftcache/compile
+  for run in cold warm precompile-save precompile-load; do
+    case $run in precompile*) export TORCH_CACHING_PRECOMPILE=1 ;; esac
+    timeout -s ABRT 150 python3 -m freetoken_cli.main bench startup /tmp/q30b8/ftw --cpu-threads 8 \
+      --out "$out/startup_$run.json" > "$out/startup_$run.txt" 2>&1; cat "$out/startup_$run.txt"
+  done ;;
+depth-run)  # issue 22: `run`'s own decode tok/s after a ~16k-token prompt beside a bench row at that depth, same checkpoint
+  # (the checkpoint of part startup)
+  python3 -c "print('def f(x):\n    return x * 2\n' * 1450)" | timeout -s ABRT 200 python3 -m freetoken_cli.main run \
+    /tmp/q30b8/ftw --raw --max-tokens 129 --ignore-eos --cpu-threads 8 --json > "$out/run16k.json" 2> "$out/run16k.err"
+  n=$(python3 -c "import json; print(json.load(open('$out/run16k.json'))['stats']['prompt_tokens'])")
+  python3 -c "import json; s = json.load(open('$out/run16k.json'))['stats']; print('run:', s['prompt_tokens'], 'prompt tokens,', round(s['decode_tok_s'], 1), 'decode tok/s')"
+  timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode /tmp/q30b8/ftw --cpu-threads 8 --moe-policy adaptive \
+    --depth "$n" --tokens 128 --out "$out/bench16k.json" > "$out/bench16k.txt" 2>&1; tail -6 "$out/bench16k.txt" ;;
 step)  # where one decode step's GPU time goes, 12 layers, per policy
-  python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
-  python3 -m benchmarks.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;
+  python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
+  python3 -m engine.bench.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;
 esac

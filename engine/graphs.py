@@ -1,9 +1,12 @@
 """CUDA-graph decode: the whole decode step (attention, router, plan kernel, fills, experts, CPU
-branch, merge) captured once per batch size and replayed with the step's inputs copied into
-static buffers. Needs device-resident expert control (engine.moe.device_control)."""
+branch, merge) captured per batch size and replayed with the step's inputs copied into static
+buffers. Batch sizes 1 and the largest are captured at load; the others on their first step, so
+a server pays capture only for the batch sizes its traffic forms. Needs device-resident expert
+control (engine.moe.device_control)."""
 from __future__ import annotations
 
 import gc
+import time
 
 import torch
 
@@ -11,37 +14,60 @@ from engine.kv.batch import ForwardBatch
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv, max_pages: int, sizes=range(1, 9)):
-        dev, n = kv.k.device, max(sizes)
-        self.model, self.kv, self.max_pages = model, kv, max_pages
+    def __init__(self, model, kv, max_pages: int, max_batch: int, counters: torch.Tensor):
+        """counters: the device counters that a capture's warm-up steps (dummy tokens) must not move."""
+        dev, n = kv.k.device, max_batch
+        self.model, self.kv, self.max_pages, self.max_batch, self.counters = model, kv, max_pages, n, counters
         self.page = kv.alloc(1)[0]  # scratch page for the capture's dummy tokens
         i64 = dict(dtype=torch.int64, device=dev)
-        self.ids, self.pos = torch.zeros(n, **i64), torch.zeros(n, **i64)
-        self.slots = torch.full((n,), self.page * kv.page_size, **i64)
-        self.table = torch.full((n, max_pages), self.page, dtype=torch.int32, device=dev)
-        self.ctx = torch.ones(n, dtype=torch.int32, device=dev)
+        self.ids, self.pos, self.slots = (torch.empty(n, **i64) for _ in range(3))
+        self.table = torch.empty((n, max_pages), dtype=torch.int32, device=dev)
+        self.ctx = torch.empty(n, dtype=torch.int32, device=dev)
         self.rows = torch.arange(n, **i64)
         self.graphs, self.out, self.replays = {}, {}, 0
+        self.seconds = {"compile": 0.0, "capture": 0.0}  # warm-up steps (torch.compile, Triton JIT), captures
+        self.pool = torch.cuda.graph_pool_handle()
+        self.capture(sorted({1, n}, reverse=True))
+
+    def capture(self, sizes: list[int]) -> None:
+        """Warm up (compile and autotune outside the capture), then capture each batch size, on
+        dummy tokens that write only the scratch page."""
+        self._dummy_inputs()
+        saved = self.counters.clone()
+        t0 = time.perf_counter()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: compile and autotune outside the capture
+        with torch.cuda.stream(side):
             for b in sizes:
                 self._forward(b)
         torch.cuda.current_stream().wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
         # a collection during the capture can free pinned or registered host memory of an engine
         # dropped earlier (a synchronising call, which invalidates the capture); other threads'
         # CUDA calls are theirs (thread_local)
         gc.collect()
         gc.disable()
         try:
-            for b in sorted(sizes, reverse=True):
+            for b in sizes:
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local"):
+                with torch.cuda.graph(g, pool=self.pool, capture_error_mode="thread_local"):
                     self.out[b] = self._forward(b)
                 self.graphs[b] = g
         finally:
             gc.enable()
+        self.counters.copy_(saved)
+        self.seconds["compile"] += t1 - t0
+        self.seconds["capture"] += time.perf_counter() - t1
+
+    def _dummy_inputs(self) -> None:
+        """Every row a token at position 0 in the scratch page: the last replay's inputs point
+        into live sequences' KV, which a warm-up step would overwrite."""
+        self.ids.zero_()
+        self.pos.zero_()
+        self.slots.fill_(self.page * self.kv.page_size)
+        self.table.fill_(self.page)
+        self.ctx.fill_(1)
 
     def _forward(self, b: int) -> torch.Tensor:
         batch = ForwardBatch(self.ids[:b], self.pos[:b], [1] * b, [1] * b, self.ctx[:b], self.table[:b],
@@ -49,10 +75,13 @@ class DecodeGraphs:
         return self.model(batch, self.kv)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor | None:
-        """Replay the graph of this decode batch; None when no graph fits it."""
+        """Replay the graph of this decode batch (captured now on its first use); None when no
+        graph fits it."""
         b, width = len(batch.q_lens), batch.page_table.shape[1]
-        if b not in self.graphs or width > self.max_pages or max(batch.q_lens) != 1:
+        if b > self.max_batch or width > self.max_pages or max(batch.q_lens) != 1:
             return None
+        if b not in self.graphs:
+            self.capture([b])
         self.ids[:b].copy_(batch.input_ids)
         self.pos[:b].copy_(batch.positions)
         self.slots[:b].copy_(batch.slots)

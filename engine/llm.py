@@ -3,12 +3,12 @@ the statistics a user sees after each answer."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
 from engine.config import EngineConfig, SamplingParams
 from engine.errors import UserError
-from engine.loader import load_engine
+from engine.loader import load_runner
 from engine.moe.cache import CacheStats
 from engine.resolve import ensure_ftw
 from engine.scheduler import Scheduler, Sequence
@@ -21,12 +21,7 @@ class GenStats:
     output_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    expert_hits: int = 0
-    expert_misses: int = 0
-    fetched: int = 0
-    cpu: int = 0
-    bytes_filled: int = 0
-    bytes_cpu: int = 0
+    cache: CacheStats = field(default_factory=CacheStats)  # what this answer did to the expert cache
     cache_occupancy: float = 0.0
     q_star: float = 0.0                 # current split: share of misses fetched
     b_p_gbps: float | None = None       # current online estimates (None: not estimated)
@@ -41,54 +36,51 @@ class GenStats:
     def decode_tok_s(self) -> float:
         return (self.output_tokens - 1) / self.decode_s if self.decode_s and self.output_tokens > 1 else 0.0
 
-    @property
-    def hit_rate(self) -> float:
-        return self.expert_hits / max(1, self.expert_hits + self.expert_misses)
-
     def as_dict(self) -> dict:
-        return {**asdict(self), "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
-                "hit_rate": self.hit_rate}
+        d = asdict(self)
+        c = d.pop("cache")
+        return {**d, "expert_hits": c.pop("hits"), "expert_misses": c.pop("misses"), **c,
+                "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s, "hit_rate": self.cache.hit_rate}
 
 
 class LLM:
     def __init__(self, config: EngineConfig, progress: Callable[[str, int, int], None] | None = None,
                  say: Callable[[str], None] = lambda msg: None):
         path = ensure_ftw(config.model, progress=(lambda d, t: progress("convert", d, t)) if progress else None)
-        self.engine = load_engine(config, path, progress)
+        self.runner = load_runner(config, path, progress)
         self.name = config.model or "demo"
         if config.moe_policy == "adaptive":
             from engine.profile import load_or_measure
-            prof = load_or_measure(config.cpu_threads, say=say)
-            self.engine.runtime.set_bandwidths(prof["h2d_concurrent_gbps"] or 0.0, prof["cpu_expert_concurrent_gbps"])
+            self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say, fmt=self.runner.runtime.store.layout.dtype))
         self.tokenizer = Tokenizer(path)
-        e = self.engine
-        self.scheduler = Scheduler(e, self.tokenizer.eos_ids, config.max_running, e.prefill_chunk)
+        r = self.runner
+        self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk)
         self.stats = GenStats()
 
     @property
     def cache_stats(self) -> CacheStats:
-        self.engine.runtime.sync_stats()
-        return self.engine.runtime.cache.stats
+        self.runner.runtime.sync_stats()
+        return self.runner.runtime.cache.stats
 
     def server_stats(self) -> dict:
-        t, c = self.scheduler.totals, self.engine.runtime.cache
-        self.engine.runtime.sync_stats()
+        t, c = self.scheduler.totals, self.runner.runtime.cache
+        self.runner.runtime.sync_stats()
         return {"prefill_tok_s": t["prefill_tokens"] / t["prefill_s"] if t["prefill_s"] else 0.0,
                 "decode_tok_s": t["decode_tokens"] / t["decode_s"] if t["decode_s"] else 0.0,
                 **t, "expert_hit_rate": c.stats.hit_rate, **asdict(c.stats),
-                "q_star": self.engine.runtime.policy.q_star, "cache_occupancy": c.occupancy,
-                "cache_slots": c.n_slots, "kv_pages_used": self.engine.kv.used,
-                "kv_pages_total": self.engine.kv.n_pages,
+                "q_star": self.runner.runtime.qstar.value, "cache_occupancy": c.occupancy,
+                "cache_slots": c.n_slots, "kv_pages_used": self.runner.kv.used,
+                "kv_pages_total": self.runner.kv.n_pages,
                 "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
                 "prefix_cached_pages": self.scheduler.prefix.pages if self.scheduler.prefix else 0,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                "graph_steps": self.engine.graphs.replays if self.engine.graphs else 0}
+                "graph_steps": self.runner.graphs.replays if self.runner.graphs else 0}
 
     def check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise UserError("the prompt is empty; give some text")
-        if len(ids) >= self.engine.max_context:
-            raise UserError(f"the prompt has {len(ids)} tokens but the context holds {self.engine.max_context}; "
+        if len(ids) >= self.runner.max_context:
+            raise UserError(f"the prompt has {len(ids)} tokens but the context holds {self.runner.max_context}; "
                             "shorten it or raise --max-context")
 
     def generate(self, prompt: list[int], params: SamplingParams,
@@ -98,7 +90,7 @@ class LLM:
         self.check_prompt(prompt)
         seq = Sequence(list(prompt), params)
         before, t0 = replace(self.cache_stats), time.perf_counter()
-        replays0 = self.engine.graphs.replays if self.engine.graphs else 0
+        replays0 = self.runner.graphs.replays if self.runner.graphs else 0
         self.stats = GenStats(prompt_tokens=len(prompt))
         if params.max_tokens == 0:
             return
@@ -116,7 +108,7 @@ class LLM:
             if not seq.finish:
                 self.scheduler.abort(seq)
             self._cache_delta(before)
-            self.stats.graph_steps = (self.engine.graphs.replays if self.engine.graphs else 0) - replays0
+            self.stats.graph_steps = (self.runner.graphs.replays if self.runner.graphs else 0) - replays0
 
     def _tick(self, t0: float) -> None:
         st, now = self.stats, time.perf_counter() - t0
@@ -127,14 +119,11 @@ class LLM:
             st.decode_s = now - st.prefill_s
 
     def _cache_delta(self, before: CacheStats) -> None:
-        c, st = self.cache_stats, self.stats
-        st.expert_hits, st.expert_misses = c.hits - before.hits, c.misses - before.misses
-        st.fetched, st.cpu = c.fetched - before.fetched, c.cpu - before.cpu
-        st.bytes_filled, st.bytes_cpu = c.bytes_filled - before.bytes_filled, c.bytes_cpu - before.bytes_cpu
-        rt = self.engine.runtime
-        st.cache_occupancy, st.q_star = rt.cache.occupancy, rt.policy.q_star
-        if rt.estimator:
-            st.b_p_gbps, st.b_h_gbps = rt.estimator.b_p / 1e9, rt.estimator.b_h / 1e9
+        st, rt = self.stats, self.runner.runtime
+        st.cache = self.cache_stats - before
+        st.cache_occupancy, st.q_star, est = rt.cache.occupancy, rt.qstar.value, rt.qstar.estimator
+        if est:
+            st.b_p_gbps, st.b_h_gbps = est.b_p / 1e9, est.b_h / 1e9
 
     def stream(self, prompt: list[int], params: SamplingParams,
                progress: Callable[[int, int], None] | None = None) -> Iterator[str]:

@@ -1,47 +1,30 @@
-"""Build a ready engine from an FTW directory: dense weights on the device, every routed expert
-in the host store, one expert cache sized from the budget, the paged KV pool."""
+"""Build a `ModelRunner` from an FTW directory (or a synthetic model): dense weights on the device,
+every routed expert in the host store, one expert cache sized from the budget, the paged KV pool."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, persist_compile_caches
 from engine.errors import UserError
 from engine.kv.paged import KVPool
 from engine.layers.rope import Rope
 from engine.models import model_config
-from engine.models.base import DTYPES, ModelConfig
-from engine.models.transformer import CausalLM, checkpoint_names
+from engine.models.base import ModelConfig
+from engine.models.transformer import CausalLM, checkpoint_names, param_dtype
 from engine.moe.cache import ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
 from engine.moe.policy import MissPolicy
 from engine.moe.runtime import ExpertRuntime
 from engine.moe.store import HostExpertStore
+from engine.runner import ModelRunner
+from ftw.format import DTYPES
 
 GiB = 2**30
-
-
-@dataclass
-class Engine:
-    cfg: ModelConfig
-    model: CausalLM
-    kv: KVPool
-    runtime: ExpertRuntime | None
-    device: torch.device
-    path: Path | None
-    max_context: int
-    graphs: object = None        # engine.graphs.DecodeGraphs when decode runs as CUDA graphs
-    prefill_chunk: int = 2048    # tokens per prefill forward (EngineConfig's, or sized at load)
-
-    def forward(self, batch, kv) -> torch.Tensor:
-        """One step: a captured graph for decode batches when one fits, else eager."""
-        self.runtime.before_step()
-        out = self.graphs.run(batch) if self.graphs is not None else None
-        return out if out is not None else self.model(batch, kv)
 
 
 def pick_device(name: str) -> torch.device:
@@ -67,7 +50,7 @@ def load_dense(reader, cfg: ModelConfig, device: torch.device, dtype: torch.dtyp
     sd = {}
     for n in names:
         parts = [reader.read(p) for p in checkpoint_names(n)]
-        sd[n] = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(dtype)
+        sd[n] = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(param_dtype(n, dtype))
     if cfg.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     model.load_state_dict(sd, assign=True, strict=True)
@@ -90,7 +73,7 @@ def expert_slots(config: EngineConfig, layout: SlotLayout, store_bytes: int, n_e
     return min(slots_for_budget(budget, layout, n_experts), total)
 
 
-def load_engine(config: EngineConfig, path: Path, progress: Callable[[str, int, int], None] | None = None) -> Engine:
+def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, int], None] | None = None) -> ModelRunner:
     from ftw import FTWReader
     reader = FTWReader(path)
     if config.verify:
@@ -98,7 +81,9 @@ def load_engine(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     cfg = model_config(json.loads(reader.file("config.json").read_text()))
     device = pick_device(config.device)
     dtype = compute_dtype(reader.meta["dtype"], device)
+    clock = Phases()
     model = load_dense(reader, cfg, device, dtype)
+    clock.mark("dense")
     layout = SlotLayout.from_meta(reader.meta["layout"])
     total, done = len(cfg.moe_layer_ids) * cfg.num_experts * layout.slot_bytes, [0]
 
@@ -106,44 +91,67 @@ def load_engine(config: EngineConfig, path: Path, progress: Callable[[str, int, 
         done[0] += n
         if progress:
             progress("experts", done[0], total)
-    store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, device.type == "cuda", tick)
-    return assemble(config, cfg, model, store, device, dtype, path)
+    store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, tick)
+    clock.mark("read")
+    if device.type == "cuda":
+        store.pin()
+    clock.mark("pin")
+    return assemble(config, cfg, model, store, device, dtype, path, clock)
 
 
 def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0,
-                   progress: Callable[[str, int, int], None] | None = None) -> Engine:
+                   progress: Callable[[str, int, int], None] | None = None) -> ModelRunner:
     """A random-weight model of a real model's shape (see engine.synthetic)."""
     from engine.synthetic import random_banks, random_dense, synthetic_config
     cfg = synthetic_config(shape, layers)
     device = pick_device(config.device)
     dtype = compute_dtype(cfg.dtype, device)
-    gen = torch.Generator().manual_seed(seed)
+    gen, clock = torch.Generator().manual_seed(seed), Phases()
     with torch.device("meta"):
         model = CausalLM(cfg)
     model.to_empty(device="cpu")
     random_dense(model, gen)
     model.to(device, dtype).requires_grad_(False)
     model.rope = Rope(cfg.rope, cfg.head_dim, device)
+    clock.mark("dense")
     layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, DTYPES[cfg.dtype])
-    store = HostExpertStore.empty(cfg.num_layers, cfg.num_experts, layout)
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, layout)
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
+    clock.mark("read")  # random experts written in place of the read
     if device.type == "cuda":
         store.pin()
-    return assemble(config, cfg, model, store, device, dtype, None)
+    clock.mark("pin")
+    return assemble(config, cfg, model, store, device, dtype, None, clock)
+
+
+class Phases:
+    """Seconds per load phase: mark(name) closes the phase that ran since the last mark."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self._t = now - self._t, now
 
 
 def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: HostExpertStore,
-             device: torch.device, dtype: torch.dtype, path: Path | None) -> Engine:
-    """KV pool, expert cache and runtime around loaded weights."""
+             device: torch.device, dtype: torch.dtype, path: Path | None, clock: Phases) -> ModelRunner:
+    """KV pool, expert cache and runtime around loaded weights; runner.timings gets the load's phases."""
+    persist_compile_caches()  # before the graph warm-up compiles anything
     layout = store.layout
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context * config.max_running
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
-                cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    engine = Engine(cfg, model, kv, None, device, path, max_context)
-    rebuild_experts(engine, store, config)
-    engine.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
-    return engine
+                *cfg.kv_row, dtype, device, values=cfg.mla is None)
+    runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
+    clock.mark("kv")
+    rebuild_experts(runner, store, config)
+    runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
+    clock.mark("experts")
+    runner.timings = clock.seconds
+    return runner
 
 
 def free_memory(device: torch.device) -> int:
@@ -156,11 +164,12 @@ def free_memory(device: torch.device) -> int:
 def prefill_bytes(chunk: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:
     """Device memory a prefill chunk of `chunk` tokens works in: per token, a layer step's hidden
     states, q/k/v/o, one row of the causal mask over the context (bool and additive) and the fp32 expert
-    intermediates; once, K and V of the whole context expanded to every query head."""
-    H, D, b = cfg.hidden_size, cfg.head_dim, dtype.itemsize
+    intermediates; once, K and V of the whole context expanded to every query head (MLA: decompressed)."""
+    H, b = cfg.hidden_size, dtype.itemsize
+    D = sum(cfg.attn_dims)  # a head's K and V widths
     inter = max(cfg.moe_intermediate_size, cfg.intermediate_size)
-    per_token = (4 * H + 2 * (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + 3 * max_context
-    return 2 * cfg.num_heads * D * max_context * b + chunk * per_token
+    per_token = (4 * H + (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + 3 * max_context
+    return cfg.num_heads * D * max_context * b + chunk * per_token
 
 
 def prefill_chunk_for(free: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:
@@ -172,41 +181,40 @@ def prefill_chunk_for(free: int, cfg: ModelConfig, max_context: int, dtype: torc
     return min(chunk, max(256, max_context))
 
 
-def rebuild_experts(engine: Engine, store: HostExpertStore, config: EngineConfig, routing=None) -> ExpertRuntime:
+def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineConfig, routing=None) -> ExpertRuntime:
     """(Re)build the device expert cache and runtime for config's budget and policy (and an
     optional routing override, which a CUDA graph must see at capture). The host store is
     untouched; the old cache is freed first."""
-    cfg, layout, old = engine.cfg, store.layout, engine.runtime
-    if engine.graphs is not None:
-        engine.kv.release([engine.graphs.page])
+    cfg, layout, old = runner.cfg, store.layout, runner.runtime
+    if runner.graphs is not None:
+        runner.kv.release([runner.graphs.page])
     if old is not None:
         old.close()
         old.cache.pool = old.cache.w = None  # free device memory before allocating the new pool
-        engine.runtime = engine.graphs = None
-        if engine.device.type == "cuda":
+        runner.runtime = runner.graphs = None
+        if runner.device.type == "cuda":
             torch.cuda.empty_cache()
-    room = 2 * prefill_bytes(config.prefill_chunk or 2048, cfg, engine.max_context, engine.kv.k.dtype)
-    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, engine.device,
-                         reserve=GiB + engine.kv.bytes // 8 + room)  # room: a prefill chunk
+    room = 2 * prefill_bytes(config.prefill_chunk or 2048, cfg, runner.max_context, runner.kv.k.dtype)
+    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, runner.device,
+                         reserve=GiB + runner.kv.bytes // 8 + room)  # room: a prefill chunk
     policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
-    graph = use_graphs(config, engine.device)
-    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, engine.device, device_tables=graph)
+    graph = use_graphs(config, runner.device)
+    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, runner.device, device_tables=graph)
     runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode,
                             old._cpu if old is not None else None)  # keep the worker pool
     runtime.routing = routing
-    for block in engine.model.moe_blocks():
+    for block in runner.model.moe_blocks():
         block.runtime = runtime
-    engine.runtime = runtime
+    runner.runtime = runtime
     if graph:
         from engine.moe.device_control import DeviceControl
         runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
-        runtime.device_ctl.set_q(policy)  # the capture's warm-up steps must follow the policy too
-        if engine.device.type == "cuda":
+        runtime.device_ctl.set_q()  # the capture's warm-up steps must follow the policy too
+        if runner.device.type == "cuda":
             from engine.graphs import DecodeGraphs
-            engine.graphs = DecodeGraphs(engine.model, engine.kv, -(-engine.max_context // engine.kv.page_size),
-                                         range(1, config.max_running + 1))
+            runner.graphs = DecodeGraphs(runner.model, runner.kv, -(-runner.max_context // runner.kv.page_size),
+                                         config.max_running, runtime.device_ctl.counts)
             cache.tables.clear()  # the warm-up steps ran on dummy tokens: start from an empty cache
-            runtime.device_ctl.stats.zero_()
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
         runtime.warm()
     return runtime

@@ -1,8 +1,12 @@
 """Machine profile: the bandwidths behind the miss split, measured with the engine's own paths
-on realistic expert sizes. B_P = pinned host-to-device expert fills into a slot pool; B_H = the
-CPU expert executor at batch 1 over a working set larger than the CPU caches; both again while
-running concurrently (they share host memory); plus two ceilings, a STREAM-like host read and a
-linear pinned copy. Saved per machine in the user cache directory."""
+on realistic expert sizes in one expert format (bfloat16, which float models of any dtype use,
+or a kernels.quant format: the CPU may turn compute-bound on dequantization, so B_H is measured
+per quantized format and never carried over from bf16; bandwidths count the format's own bytes,
+which is what q* splits). B_P = pinned
+host-to-device expert fills into a slot pool; B_H = the CPU expert executor at batch 1 over a
+working set larger than the CPU caches; both again while running concurrently (they share host
+memory); plus two ceilings, a STREAM-like host read and a linear pinned copy. Saved per machine
+and format in the user cache directory."""
 from __future__ import annotations
 
 import hashlib
@@ -17,9 +21,11 @@ import torch
 
 from engine.config import cache_dir
 from engine.moe.layout import SlotLayout
+from kernels.quant import FORMATS, quantize
 
 GB = 1e9
 EXPERT = (2048, 768)  # hidden, moe_intermediate of Qwen3-30B-A3B: 9.4 MB bf16 experts
+GROUP = 128           # values a scale covers in the quantized formats (mxfp4: 32 by definition)
 
 
 def machine() -> dict:
@@ -64,20 +70,41 @@ def llc_bytes(root: Path = Path("/sys/devices/system/cpu")) -> int:
     return sum(shared.values())
 
 
-def profile_path(desc: dict) -> Path:
+def profile_path(desc: dict, fmt: str = "bfloat16") -> Path:
     key = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "profiles" / f"{key}.json"
+    return cache_dir() / "profiles" / (f"{key}.json" if fmt == "bfloat16" else f"{key}-{fmt}.json")
+
+
+def expert_rows(n: int, fmt: str) -> tuple[SlotLayout, torch.Tensor]:
+    """A layout of the profile's expert shape in `fmt` and n rows of it in host memory (the same
+    expert in every row: the values do not change the timing, and drawing them takes seconds)."""
+    from ftw import aligned_empty
+    hidden, inter = EXPERT
+    if fmt in FORMATS:
+        g = torch.Generator().manual_seed(0)
+        w = {"gate_up": torch.randn(2 * inter, hidden, generator=g), "down": torch.randn(hidden, inter, generator=g)}
+        parts = {k: quantize(fmt, v * 0.02, GROUP) for k, v in w.items()}
+        layout = SlotLayout.for_qweights(fmt, parts)
+    else:
+        layout = SlotLayout.for_experts(hidden, inter, torch.bfloat16)
+    bank = aligned_empty((n, layout.slot_bytes), torch.uint8)
+    bank[0].zero_()
+    for k, v in layout.views(bank[:1]).items():
+        if fmt in FORMATS:
+            for dst, src in zip((v.q, v.s, v.z), parts[k][:3]):
+                if src is not None:
+                    dst[0].copy_(src)
+        else:
+            v.fill_(0.01)
+    bank[1:].copy_(bank[:1].expand(n - 1, -1))
+    return layout, bank
 
 
 class Bench:
-    """Expert-sized rows in host memory, and the two paths that consume them."""
+    """Expert-sized rows of one format in host memory, and the two paths that consume them."""
 
-    def __init__(self, n_experts: int, threads: int | None, cuda: bool):
-        self.layout = SlotLayout.for_experts(*EXPERT, torch.bfloat16)
-        from ftw import aligned_empty
-        self.bank = aligned_empty((n_experts, self.layout.slot_bytes), torch.uint8)
-        for v in self.layout.views(self.bank).values():
-            v.fill_(0.01)  # the values do not change the timing; random ones take seconds to draw
+    def __init__(self, n_experts: int, threads: int | None, cuda: bool, fmt: str = "bfloat16"):
+        self.layout, self.bank = expert_rows(n_experts, fmt)
         self.views = self.layout.views(self.bank)
         self.cuda = cuda
         if cuda:
@@ -153,15 +180,18 @@ def median_run(measure_once, n: int, key=None):
     return sorted((measure_once() for _ in range(n)), key=key)[n // 2]
 
 
-def measure(quick: bool = False, threads: int | None = None) -> dict:
-    """Full profile (~25 s: the median of three runs of each measurement), or a quick one
-    (< 3 s) when no saved profile fits this machine."""
+def measure(quick: bool = False, threads: int | None = None, fmt: str = "bfloat16") -> dict:
+    """Full profile of experts in `fmt` (~25 s: the median of three runs of each measurement), or
+    a quick one (< 3 s) when no saved profile fits this machine."""
+    if fmt not in ("bfloat16", *FORMATS):
+        from engine.errors import UserError
+        raise UserError(f"unknown expert format {fmt!r}; choose bfloat16, {', '.join(FORMATS)}")
     cuda = torch.cuda.is_available()
     secs, reps = (0.3, 1) if quick else (2.0, 3)
-    slot = SlotLayout.for_experts(*EXPERT, torch.bfloat16).slot_bytes
-    b = Bench(max(96, -(-3 * llc_bytes() // slot)), threads, cuda)  # >= 900 MB, 3x the L3
-    res = {"machine": machine(), "quick": quick, "cpu_threads": b.cpu.threads, "cpu_backend": b.cpu.backend,
-           "expert_bytes": b.layout.slot_bytes}
+    slot = expert_rows(1, fmt)[0].slot_bytes
+    b = Bench(max(96, -(-3 * llc_bytes() // slot)), threads, cuda, fmt)  # >= 96 experts, 3x the L3
+    res = {"machine": machine(), "quick": quick, "format": fmt, "cpu_threads": b.cpu.threads,
+           "cpu_backend": b.cpu.backend, "expert_bytes": b.layout.slot_bytes}
     res["cpu_expert_gbps"] = median_run(lambda: b.cpu_experts(secs), reps)
     res["h2d_gbps"] = median_run(lambda: b.h2d(secs), reps) if cuda else None
     if cuda:
@@ -176,17 +206,20 @@ def measure(quick: bool = False, threads: int | None = None) -> dict:
 
 
 def save(res: dict, path: Path | None = None) -> Path:
-    path = path or profile_path(res["machine"])
+    path = path or profile_path(res["machine"], res.get("format", "bfloat16"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1))
     return path
 
 
-def load_or_measure(threads: int | None = None, say=print) -> dict:
-    """The saved profile of this machine, or a quick measurement (and a note saying so)."""
-    desc = machine()
-    path = profile_path(desc)
+def load_or_measure(threads: int | None = None, say=print, fmt: str = "bfloat16") -> dict:
+    """The saved profile of this machine for experts in `fmt` (a slot layout's dtype; float ones
+    use bfloat16's), or a quick measurement (and a note saying so)."""
+    fmt = fmt if fmt in FORMATS else "bfloat16"
+    path = profile_path(machine(), fmt)
     if path.exists():
         return json.loads(path.read_text())
-    say("no bandwidth profile for this machine (run `freetoken profile` once); measuring quickly")
-    return measure(quick=True, threads=threads)
+    flag = "" if fmt == "bfloat16" else f" --format {fmt}"
+    say(f"no bandwidth profile of {fmt} experts for this machine (run `freetoken profile{flag}` once); "
+        "measuring quickly")
+    return measure(quick=True, threads=threads, fmt=fmt)

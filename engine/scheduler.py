@@ -44,10 +44,10 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, engine, eos_ids: set[int], max_running: int, prefill_chunk: int,
+    def __init__(self, runner, eos_ids: set[int], max_running: int, prefill_chunk: int,
                  prefix_cache: bool = True):
-        self.engine, self.kv, self.eos = engine, engine.kv, eos_ids
-        self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, engine.max_context
+        self.runner, self.kv, self.eos = runner, runner.kv, eos_ids
+        self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, runner.max_context
         self.prefix = RadixCache(self.kv) if prefix_cache else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -98,8 +98,8 @@ class Scheduler:
         for s, n in plan:
             self._reserve(s, n)
         batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.pages) for s, n in plan],
-                                   self.kv.page_size, self.engine.device)
-        logits = self.engine.forward(batch, self.kv)
+                                   self.kv.page_size, self.runner.device)
+        logits = self.runner.forward(batch, self.kv)
         out = []
         for (s, n), row in zip(plan, logits):
             s.n_cached += n

@@ -1,4 +1,4 @@
-"""The engine behind the HTTP server: one background thread runs scheduler steps (continuous
+"""The batcher behind the HTTP server: one background thread runs scheduler steps (continuous
 batching); requests arrive from the asyncio loop through an inbox and stream back tokens
 through per-request asyncio queues. Cancelling a stream aborts its sequence and frees its KV."""
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Finish:
     stop_sequence: str | None = None  # the stop string that ended the answer
 
 
-class ServingEngine:
+class Batcher:
     def __init__(self, llm: LLM, model_name: str):
         self.llm, self.model_name, self.tokenizer = llm, model_name, llm.tokenizer
         self._lock = threading.Condition()

@@ -1,34 +1,55 @@
 """Random-weight models of real models' shapes, built in memory (no checkpoint): for benchmarks
-of the expert memory on machines without the real weights. Experts are drawn from a small pool
-of random experts and copied into every bank, which is fast and moves the same bytes."""
+of the expert memory on machines without the real weights. A shape is the model's config.json
+(the fields that matter), read by its architecture like a real one. Experts are drawn from a small
+pool of random experts and copied into every bank, which is fast and moves the same bytes."""
 from __future__ import annotations
 
 import torch
 
 from engine.errors import UserError
-from engine.models.base import ModelConfig, RouterSpec
+from engine.models import model_config
+from engine.models.base import ModelConfig
 
+QWEN3 = dict(model_type="qwen3_moe", num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+             norm_topk_prob=True, vocab_size=151936, rope_theta=1e6, max_position_embeddings=40960)
 SHAPES = {
-    "qwen3-30b-a3b": dict(hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128,
-                          num_experts=128, top_k=8, moe_intermediate_size=768, vocab_size=151936),
-    "qwen3-235b-a22b": dict(hidden_size=4096, num_layers=94, num_heads=64, num_kv_heads=4, head_dim=128,
-                            num_experts=128, top_k=8, moe_intermediate_size=1536, vocab_size=151936),
-    "tiny": dict(hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
-                 num_experts=16, top_k=4, moe_intermediate_size=32, vocab_size=512),
+    "qwen3-30b-a3b": dict(QWEN3, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                          moe_intermediate_size=768),
+    "qwen3-235b-a22b": dict(QWEN3, hidden_size=4096, num_hidden_layers=94, num_attention_heads=64,
+                            moe_intermediate_size=1536),
+    # 3 dense layers, then MoE: 256 experts of 3 x 7168 x 2048 (21 GiB per layer in bf16)
+    "deepseek-v3": dict(model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                        moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
+                        num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5,
+                        kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+                        topk_method="noaux_tc", scoring_func="sigmoid", n_group=8, topk_group=4, num_experts_per_tok=8,
+                        first_k_dense_replace=3, norm_topk_prob=True, max_position_embeddings=163840,
+                        rope_theta=10000, rope_scaling=dict(type="yarn", factor=40, mscale=1.0, mscale_all_dim=1.0,
+                                                            beta_fast=32, beta_slow=1,
+                                                            original_max_position_embeddings=4096)),
+    # 1 dense layer, then MoE: 128 experts of 3 x 4096 x 1408 (4.1 GiB per layer in bf16)
+    "glm-4.5-air": dict(model_type="glm4_moe", vocab_size=151552, hidden_size=4096, intermediate_size=10944,
+                        moe_intermediate_size=1408, num_hidden_layers=46, num_attention_heads=96, num_key_value_heads=8,
+                        head_dim=128, partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=False,
+                        n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1,
+                        routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1,
+                        rms_norm_eps=1e-5, rope_theta=1e6, max_position_embeddings=131072),
+    "tiny": dict(QWEN3, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32, vocab_size=512),
 }
 
 
 def synthetic_config(shape: str, layers: int | None = None) -> ModelConfig:
+    """The shape's config, cut to its first `layers` layers."""
     if shape not in SHAPES:
         raise UserError(f"unknown --synthetic shape {shape!r}; choose {', '.join(SHAPES)}")
-    s = dict(SHAPES[shape])
-    n = layers or s.pop("num_layers")
-    s.pop("num_layers", None)
-    top_k = s.pop("top_k")
-    return ModelConfig(model_type="qwen3_moe", num_layers=n, rms_norm_eps=1e-6,
-                       rope={"rope_type": "default", "rope_theta": 1e6}, max_position_embeddings=40960,
-                       tie_word_embeddings=False, router=RouterSpec(top_k=top_k, norm_topk_prob=True),
-                       moe_layers=(True,) * n, qk_norm="head", dtype="bfloat16", **s)
+    hf = dict(SHAPES[shape], torch_dtype="bfloat16", tie_word_embeddings=False)
+    if layers:
+        hf["num_hidden_layers"] = layers
+    cfg = model_config(hf)
+    if not cfg.moe_layer_ids:
+        raise UserError(f"--layers {layers} keeps only dense layers of {shape}; raise it")
+    return cfg
 
 
 def random_dense(model: torch.nn.Module, gen: torch.Generator) -> None:

@@ -1,4 +1,5 @@
-"""`freetoken bench decode|prefill`: measured throughput beside the physical bound."""
+"""`freetoken bench decode|prefill|startup`: measured throughput beside the physical bound, and
+the phases of a cold start."""
 from __future__ import annotations
 
 import json
@@ -8,16 +9,20 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import ModelArg, Progress, engine_config, user_errors
+from freetoken_cli.common import Budget, Context, ModelArg, Policy, Progress, engine_config, user_errors
+from freetoken_cli.quality import quality
 
-Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny")
+Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, "
+                                        "deepseek-v3, glm-4.5-air, tiny")
 Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
 Threads = typer.Option(None, help="CPU expert threads")
 Device = typer.Option("auto", help="cuda | cpu | auto")
 Json = typer.Option(False, "--json", help="print rows as JSON")
 Out = typer.Option(None, help="also write the rows and profile as JSON to this file")
 
-app = typer.Typer(help="Benchmarks: decode throughput per miss policy (and prefill TTFT).", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks: decode throughput per miss policy, prefill TTFT, cold-start phases, quality "
+                       "against a reference.", no_args_is_help=True)
+app.command("quality")(quality)
 
 
 @app.command("decode")
@@ -31,45 +36,53 @@ def decode(model: Optional[str] = ModelArg,
            routing: str = typer.Option("model", help="comma list of model | uniform | trace:FILE"),
            tokens: int = typer.Option(64, help="decode tokens per repeat"),
            repeats: int = typer.Option(3, help="repeats per policy (median reported)"),
-           prompt_tokens: int = typer.Option(32, help="prompt length"),
+           depth: str = typer.Option("32", help="comma list of context depths: prompt tokens before the timed decode, e.g. 1024,16384,32768,65536"),
+           batch: str = typer.Option("1", help="comma list of streams decoded together (distinct prompts), e.g. 1,4,8"),
            contention: int = typer.Option(0, help="also measure with N processes streaming through host RAM"),
            device: str = Device,
            graph: str = typer.Option("on", help="comma list of on | off: CUDA-graph decode rows, eager rows"),
-           max_context: int = typer.Option(4096, help="context length"),
            as_json: bool = Json,
            out: Optional[Path] = Out):
-    """Decode tok/s for each miss policy, with hit rate, traffic and the bound."""
-    from benchmarks.decode import run
+    """Decode tok/s for each miss policy, context depth and number of streams, with hit rate, traffic and the bound."""
+    from engine.bench.decode import context_for, run
     from engine.config import parse_policy
     from engine.profile import load_or_measure
     from engine.config import parse_size
     policies = [p.strip() for p in moe_policy.split(",") if p.strip()]
     for p in policies:
         p == "adaptive-fixed" or parse_policy(p)
-    from engine.moe.routing import check_routing
+    from engine.moe.replay import check_routing
     budgets = [parse_size(b.strip()) for b in expert_budget.split(",")]
     for spec in routing.split(","):
         check_routing(spec)
-    cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context)
+    depths, batches = _ints(depth, "--depth"), _ints(batch, "--batch")
+    max_context, kv_tokens = context_for(depths, batches, tokens)
+    cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context,
+                        max_running=max(batches), kv_tokens=kv_tokens)
     cfg = replace(cfg, expert_budget=budgets[0])
-    engine = _load(cfg, model, synthetic, layers)
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
+    runner = _load(cfg, model, synthetic, layers)
+    if runner.max_context < max_context:
+        from engine.errors import UserError
+        raise UserError(f"--depth {max(depths)} needs {max_context} tokens of context with --tokens {tokens}, but the "
+                        f"model holds {runner.max_context}; lower --depth")
+    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
 
     def say(r: dict) -> None:  # --out holds every row measured so far: a bench cut short keeps them
         typer.echo(f"{r['policy']}, {r['routing']}, {r['budget_gib']:.1f} GiB, graph {'on' if r['graph'] else 'off'}, "
-                   f"load {r['load']}: {r['tok_s']:.2f} tok/s, {r['ratio']:.0%} of its bound", err=True)
+                   f"load {r['load']}, depth {r['depth']}, batch {r['batch']}: {r['tok_s']:.2f} tok/s "
+                   f"({r['stream_tok_s']:.2f} per stream), {r['ratio']:.0%} of its bound", err=True)
         rows.append(r)
         if out:
             out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
 
-    run(engine, engine.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
-        prompt_tokens, prof, contention, say=say)
+    run(runner, runner.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
+        depths, batches, prof, contention, say=say)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
-        _table(rows, prof, engine, cfg)
+        _table(rows, prof, runner, cfg)
 
 
 @app.command("prefill")
@@ -87,19 +100,19 @@ def prefill(model: Optional[str] = ModelArg,
             as_json: bool = Json,
             out: Optional[Path] = Out):
     """Time to first token per prefill mode, beside the PCIe streaming bound."""
-    from benchmarks.prefill import run
+    from engine.bench.prefill import run
     from engine.moe.prefill import PREFILL_MODES
     from engine.profile import load_or_measure
     modes = [m.strip() for m in mode.split(",")]
     from engine.errors import UserError
     if bad := [m for m in modes if m not in PREFILL_MODES]:
         raise UserError(f"unknown --mode {bad[0]!r}; choose from {', '.join(PREFILL_MODES)}")
-    sizes = [int(n) for n in lengths.split(",")]
+    sizes = _ints(lengths, "--lengths")
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
                         prefill_chunk=prefill_chunk)
-    engine = _load(cfg, model, synthetic, layers)
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
-    rows = run(engine, cfg, modes, sizes, follow_up, prof)
+    runner = _load(cfg, model, synthetic, layers)
+    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
+    rows = run(runner, cfg, modes, sizes, follow_up, prof)
     if out:
         out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
     if as_json:
@@ -107,7 +120,7 @@ def prefill(model: Optional[str] = ModelArg,
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"prefill: {engine.cfg.num_layers} layers x {engine.cfg.num_experts} experts, chunk {prefill_chunk}")
+    t = Table(title=f"prefill: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, chunk {prefill_chunk}")
     for col in ("mode", "prompt", "tokens", "TTFT s", "streaming bound s", "TTFT / bound", "layers streamed", "moved GiB"):
         t.add_column(col, justify="left" if col in ("mode", "prompt") else "right")
     for r in rows:
@@ -116,29 +129,96 @@ def prefill(model: Optional[str] = ModelArg,
     Console(width=max(150, Console().width)).print(t)
 
 
+@app.command("startup")
+@user_errors
+def startup(model: Optional[str] = ModelArg,
+            synthetic: Optional[str] = Synthetic,
+            layers: Optional[int] = Layers,
+            expert_budget: str = Budget,
+            cpu_threads: Optional[int] = Threads,
+            moe_policy: str = Policy,
+            max_context: int = Context,
+            prompt_tokens: int = typer.Option(500, help="tokens of each of the two prompts prefilled after the load"),
+            device: str = Device,
+            as_json: bool = Json,
+            out: Optional[Path] = Out):
+    """The phases of a cold `run` (read beside the disk's bound, pin, compile, capture, first prefill)."""
+    import time
+    import psutil
+    from engine.bench.startup import read_speed, report
+    from engine.profile import load_or_measure
+    started, imported = psutil.Process().create_time(), time.time()
+    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
+    runner = _load(cfg, model, synthetic, layers)
+    t0 = time.perf_counter()
+    if cfg.moe_policy == "adaptive":  # as `run` does
+        runner.runtime.qstar.use_profile(load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True),
+                                                         fmt=runner.runtime.store.layout.dtype))
+    r = report(runner, started, imported, time.perf_counter() - t0, prompt_tokens,
+               read_speed(runner.path) if runner.path else None)
+    if out:
+        out.write_text(json.dumps(r, indent=1))
+    if as_json:
+        typer.echo(json.dumps(r))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"startup: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, "
+                    f"{r['expert_bytes'] / 2**30:.2f} GiB of experts")
+    t.add_column("phase")
+    t.add_column("seconds", justify="right")
+    t.add_column("", justify="left")
+    notes = {"read": f"{r['read_gbps']:.2f} GB/s" + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
+                                                      f"{'' if r['disk_direct'] else ' (buffered: maybe the page cache)'}"
+                                                      if "read_bound_s" in r else " (synthetic: random experts built)"),
+             "compile": "decode graphs' warm-up steps: torch.compile, Triton JIT",
+             "cache": "expert cache, runtime, resident experts copied in"}
+    for name, sec in r["phases"].items():
+        t.add_row(name, f"{sec:.2f}", notes.get(name, ""))
+    t.add_row("ready", f"{r['ready_s']:.2f}", "from the process's start")
+    t.add_row("first prefill", f"{r['first_prefill_s']:.3f}", f"{prompt_tokens} tokens, to the first token")
+    t.add_row("second prefill", f"{r['second_prefill_s']:.3f}", f"another {prompt_tokens}; first / second {r['first_request_ratio']:.2f}")
+    con = Console(width=max(120, Console().width))
+    con.print(t)
+    con.print(f"torch.compile {r['torch_compile_s']:.2f} s in all; FX graph cache {r['fx_graph_cache_hit']} hits, "
+              f"{r['fx_graph_cache_miss']} misses; AOTAutograd cache {r['autograd_cache_hit']} hits, "
+              f"{r['autograd_cache_miss']} misses; {r['modules_compiled_from_source']} Python modules compiled from source")
+
+
+def _ints(text: str, option: str) -> list[int]:
+    """'1024,16384' -> [1024, 16384]: a comma list of positive counts."""
+    from engine.errors import UserError
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UserError(f"cannot read {option} {text!r}; give a comma list of positive numbers like 1,4,8")
+    return [int(p) for p in parts]
+
+
 def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int]):
-    """The engine to measure, with a progress bar while its experts load (or are built)."""
-    from engine.loader import load_engine, load_synthetic
+    """The runner to measure, with a progress bar while its experts load (or are built)."""
+    from engine.loader import load_runner, load_synthetic
     from engine.resolve import ensure_ftw
     bar = Progress()
     try:
         return load_synthetic(cfg, synthetic, layers, progress=bar) if synthetic else \
-            load_engine(cfg, ensure_ftw(model), bar)
+            load_runner(cfg, ensure_ftw(model), bar)
     finally:
         bar.close()
 
 
-def _table(rows: list[dict], prof: dict, engine, cfg) -> None:
+def _table(rows: list[dict], prof: dict, runner, cfg) -> None:
     from rich.console import Console
     from rich.table import Table
     mib = 2**20
-    t = Table(title=f"decode: {engine.cfg.num_layers} layers x {engine.cfg.num_experts} experts, "
-                    f"top-{engine.cfg.router.top_k}, expert {engine.runtime.store.layout.slot_bytes / mib:.1f} MiB")
-    for col in ("graph", "routing", "budget GiB", "policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
-                "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
+    t = Table(title=f"decode: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, "
+                    f"top-{runner.cfg.router.top_k}, expert {runner.runtime.store.layout.slot_bytes / mib:.1f} MiB")
+    for col in ("graph", "routing", "budget GiB", "policy", "load", "depth", "batch", "tok/s", "tok/s/stream", "hit rate",
+                "fetched/tok", "CPU/tok", "PCIe MiB/tok", "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
         t.add_column(col, justify="left" if col in ("routing", "policy", "load") else "right")
     for r in rows:
-        t.add_row("on" if r["graph"] else "off", r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
+        t.add_row("on" if r["graph"] else "off", r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"],
+                  str(r["depth"]), str(r["batch"]), f"{r['tok_s']:.2f}", f"{r['stream_tok_s']:.2f}",
+                  f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
                   f"{r['cpu']:.2f}", f"{r['bytes_filled'] / mib:.1f}", f"{r['bytes_cpu'] / mib:.1f}",
                   f"{r['q_star']:.2f}", f"{r['bound_tok_s']:.2f}", f"{r['ratio']:.0%}")
     con = Console(width=max(150, Console().width))

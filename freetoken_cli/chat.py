@@ -31,7 +31,7 @@ class Chat:
         self.llm, self.params, self.verbose = llm, params, verbose
         self.system, self.history = system, []
         tpl = llm.tokenizer.tok.chat_template
-        self.reasoning = select_parsers(tpl if isinstance(tpl, str) else None, llm.engine.cfg.model_type)[1]
+        self.reasoning = select_parsers(tpl if isinstance(tpl, str) else None, llm.runner.cfg.model_type)[1]
 
     def messages(self) -> list[dict]:
         return ([{"role": "system", "content": self.system}] if self.system else []) + self.history

@@ -1,5 +1,6 @@
 """`freetoken convert SRC OUT`: a HF checkpoint (directory or hub id) to FTW."""
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -10,6 +11,10 @@ from freetoken_cli.common import Progress, user_errors
 def convert(src: str = typer.Argument(..., help="HuggingFace model directory or hub id"),
             out: Path = typer.Argument(..., help="output FTW directory"),
             dtype: str = typer.Option("auto", help="bf16 | fp16 | fp32 | auto (the checkpoint's dtype)"),
+            quant: Optional[str] = typer.Option(None, help="quantize the routed experts: int4 | int8 | fp8 | mxfp4 "
+                                                           "(from a bf16/fp16/fp32 checkpoint)"),
+            group_size: Optional[int] = typer.Option(None, help="with --quant: values per scale along the input "
+                                                                "(int4/int8 default 128; fp8: blocks of N x N, 128)"),
             force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists")):
     """Convert a HuggingFace MoE checkpoint to the FTW format (no GPU needed)."""
     from engine.convert import convert as run_convert
@@ -19,7 +24,7 @@ def convert(src: str = typer.Argument(..., help="HuggingFace model directory or 
         raise UserError(f"{out} already exists; pass --force to overwrite it")
     bar = Progress()
     try:
-        run_convert(hf_source(src), out, dtype, force, lambda d, t: bar("convert", d, t))
+        run_convert(hf_source(src), out, dtype, force, lambda d, t: bar("convert", d, t), quant, group_size)
     finally:
         bar.close()
     typer.echo(f"wrote {out}", err=True)

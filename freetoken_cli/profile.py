@@ -13,10 +13,12 @@ from freetoken_cli.common import user_errors
 @user_errors
 def profile(as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
             out: Optional[Path] = typer.Option(None, help="also write the profile to this file"),
-            cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)")):
+            cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)"),
+            fmt: str = typer.Option("bfloat16", "--format", help="expert format measured: bfloat16 (used for "
+                                    "every float model) | int4 | int8 | fp8 | mxfp4 (run and serve use the model's)")):
     """Measure B_P (pinned expert fills), B_H (CPU expert executor), both concurrently, and ceilings."""
     from engine.profile import measure, save
-    res = measure(threads=cpu_threads)
+    res = measure(threads=cpu_threads, fmt=fmt)
     saved = save(res)
     if out:
         save(res, out)
@@ -42,7 +44,8 @@ def _table(res: dict, saved: Path) -> None:
     con.print(t)
     con.print(f"q* = B_P / (B_P + B_H) = {res['q_star']:.3f}   "
               f"({m['gpu'] or 'no GPU'}; {m['cpu']}, {m['physical_cores']} cores, {m['ram_gib']} GiB; "
-              f"CPU executor {res['cpu_backend']} x{res['cpu_threads']})")
+              f"CPU executor {res['cpu_backend']} x{res['cpu_threads']}; {res['format']} experts of "
+              f"{res['expert_bytes'] / 2**20:.2f} MiB)")
     if m["gpu"] is None:
         con.print("no CUDA device: measured B_H only; every miss would run on the CPU")
     con.print(f"saved to {saved}")

@@ -48,13 +48,13 @@ def run(model: Optional[str] = ModelArg,
     finally:
         bar.close()
     if record_trace:
-        from engine.moe.routing import Recorder
-        llm.engine.runtime.routing = Recorder(record_trace, len(llm.engine.runtime.store.banks))
+        from engine.moe.replay import Recorder
+        llm.runner.runtime.routing = Recorder(record_trace, len(llm.runner.runtime.store.banks))
     try:
         _answer(llm, interactive, text, raw, system, params, as_json, verbose)
     finally:
         if record_trace:
-            llm.engine.runtime.routing.save()
+            llm.runner.runtime.routing.save()
 
 
 def _answer(llm, interactive: bool, text, raw: bool, system, params, as_json: bool, verbose: bool) -> None:

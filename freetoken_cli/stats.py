@@ -3,12 +3,12 @@ from __future__ import annotations
 
 
 def format_stats(st) -> str:
-    mib = 2**20
+    mib, c = 2**20, st.cache
     return (f"prompt {st.prompt_tokens} tok, prefill {st.prefill_tok_s:.1f} tok/s | "
             f"output {st.output_tokens} tok, decode {st.decode_tok_s:.1f} tok/s | "
-            f"experts: hit rate {st.hit_rate:.1%} ({st.expert_hits} hits, {st.expert_misses} misses: "
-            f"{st.fetched} fetched, {st.cpu} on CPU) | moved {st.bytes_filled / mib:.1f} MiB, "
-            f"CPU read {st.bytes_cpu / mib:.1f} MiB | cache {st.cache_occupancy:.0%} full | q* {st.q_star:.2f}"
+            f"experts: hit rate {c.hit_rate:.1%} ({c.hits} hits, {c.misses} misses: "
+            f"{c.fetched} fetched, {c.cpu} on CPU) | moved {c.bytes_filled / mib:.1f} MiB, "
+            f"CPU read {c.bytes_cpu / mib:.1f} MiB | cache {st.cache_occupancy:.0%} full | q* {st.q_star:.2f}"
             + (f" (B_P {st.b_p_gbps:.1f}, B_H {st.b_h_gbps:.1f} GB/s)" if st.b_h_gbps is not None else "")
             + (f" | {st.graph_steps} steps as CUDA graphs" if st.graph_steps else ""))
 

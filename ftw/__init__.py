@@ -1,4 +1,4 @@
-"""FreeToken Weight format (FTW) v1: a directory of 4 KiB-aligned tensor shards plus a JSON index.
+"""FreeToken Weight format (FTW): a directory of 4 KiB-aligned tensor shards plus a JSON index.
 
 No model knowledge lives here: `FTWWriter` streams named tensors and side files into a
 directory, `FTWReader` validates it and reads tensors (with O_DIRECT where possible).

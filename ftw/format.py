@@ -1,4 +1,4 @@
-"""FTW v1 constants, the per-tensor index entry, and the one error type.
+"""FTW constants, the per-tensor index entry, and the one error type.
 
 An FTW checkpoint is a directory: `ftw.json` (the index), shard files holding raw
 little-endian tensor bytes at 4096-aligned offsets, and side files copied verbatim
@@ -14,13 +14,15 @@ from typing import Any
 import torch
 
 FORMAT_NAME = "ftw"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2            # written; see FORMAT.md section 6
+READ_VERSIONS = (1, 2)        # read: v1 differs only in what its tensors may hold
 INDEX_NAME = "ftw.json"
 ALIGN = 4096                  # bytes; every tensor offset and on-disk extent is a multiple
 SHARD_BYTES = 4 << 30         # start a new shard when the next tensor would pass 4 GiB
 CHUNK_BYTES = 64 << 20        # bytes per read/write syscall, keeps each call bounded
 SHARD_NAME = "shard-{:05d}.ftw"
 
+# every dtype FTW stores, by its index name: the one table of dtype names in FreeToken
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in (
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,

@@ -1,4 +1,4 @@
-"""Open, validate and read an FTW v1 directory (spec: FORMAT.md).
+"""Open, validate and read an FTW directory (spec: FORMAT.md).
 
 Opening checks what is cheap to check (index format and version, shard sizes, side-file
 sha256) and fails with one actionable line. Reads land directly in the destination tensor with
@@ -19,8 +19,8 @@ from typing import Any, Iterable
 
 import torch
 
-from .format import (ALIGN, CHUNK_BYTES, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, FTWError,
-                     TensorInfo, align_up, byte_view, is_safe_relpath)
+from .format import (ALIGN, CHUNK_BYTES, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, READ_VERSIONS,
+                     FTWError, TensorInfo, align_up, byte_view, is_safe_relpath)
 
 
 def aligned_empty(shape: Iterable[int], dtype: torch.dtype, align: int = ALIGN) -> torch.Tensor:
@@ -166,13 +166,13 @@ def _load_index(path: Path) -> dict[str, Any]:
     v = index.get("version")
     if type(v) is int and v > FORMAT_VERSION:
         raise FTWError(f"{path} was written by a newer FreeToken (format v{v}); upgrade freetoken")
-    if v != FORMAT_VERSION or type(v) is not int:
+    if v not in READ_VERSIONS or type(v) is not int:
         raise FTWError(f"{path} has FTW format version {v!r}, not {FORMAT_VERSION}; {_reconvert(path)}")
     return index
 
 
 def _parse(path: Path, index: dict) -> tuple[dict[str, int], dict[str, str], dict[str, TensorInfo]]:
-    """Shards, side files and tensor entries of a v1 index, checked for consistency."""
+    """Shards, side files and tensor entries of an index, checked for consistency."""
     try:
         shards = {str(k): int(v) for k, v in index["shards"].items()}
         files = {str(k): str(v) for k, v in index["files"].items()}

@@ -1,4 +1,4 @@
-"""Stream named tensors and side files into an FTW v1 directory (spec: FORMAT.md).
+"""Stream named tensors and side files into an FTW directory (the current version) (spec: FORMAT.md).
 
 Tensors go to shard files as they are added, straight from their own memory, so peak RAM is
 about one tensor. Everything is written into a temporary sibling directory; only a clean exit

@@ -1,8 +1,9 @@
 """CPU expert executor: the routed expert FFNs of the CPU routes, computed by a persistent pool of
 C++ worker threads straight from the host expert banks (kernels/csrc/cpu_moe.cpp), with the
-semantics of kernels.ref.moe_experts. The library is built on first use with torch's extension
-builder and called through ctypes (which releases the GIL); where it cannot be built, one line on
-stderr says why and a plain-torch path gives the same result."""
+semantics of kernels.ref.moe_experts. A bank is a tensor [E, N, K] (fp32/bf16/fp16) or a
+kernels.quant.QWeight (int4, int8, fp8, mxfp4), dequantized in registers. The library is built on
+first use with torch's extension builder and called through ctypes (which releases the GIL); where
+it cannot be built, one line on stderr says why and a plain-torch path gives the same result."""
 from __future__ import annotations
 
 import ctypes
@@ -17,9 +18,13 @@ import psutil
 import torch
 
 from kernels import ref
+from kernels.quant import FORMATS, QWeight
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_moe.cpp"
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # cpu_moe.cpp DType codes
+# cpu_moe.cpp Fmt codes: of plain weights and of scales, of quantized formats, of mxfp4's scales
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_QFMT = {"int4": 3, "int8": 4, "fp8": 5, "mxfp4": 6}
+_E8M0 = 7
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _lib_error: str | None = None
@@ -33,13 +38,13 @@ def _build() -> ctypes.CDLL:
     # No -march=native: the cached library may be reused on another CPU (shared home, container
     # image); the SIMD paths are per-function targets picked at run time instead.
     path = load("freetoken_cpu_moe", [str(_SRC)], extra_cflags=["-O3"], is_python_module=False)
-    lib, p, i = ctypes.CDLL(path), ctypes.c_void_p, ctypes.c_int
+    lib, p, i, m = ctypes.CDLL(path), ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Mat)
     for fn, args, res in [("pool_create", [i, p, i], p), ("pool_destroy", [p], None),
-                          ("submit", [p] * 7 + [i] * 5 + [ctypes.c_int64] * 2 + [i] * 3, p),
+                          ("submit", [p, p, m, m, p, p, p] + [i] * 7, p),
                           ("wait", [p, ctypes.c_double], i), ("error", [p], ctypes.c_char_p),
                           ("free", [p], None), ("cpu_features", [], i),
                           ("seconds", [p], ctypes.c_double),
-                          ("poller_start", [p] * 9 + [i] * 5 + [ctypes.c_int64] * 2 + [i] * 2, p),
+                          ("poller_start", [p] * 7 + [m, m] + [i] * 6, p),
                           ("poller_stop", [p], None), ("poller_stats", [p, p], i),
                           ("poller_error", [p], ctypes.c_char_p)]:
         getattr(lib, "ftmoe_" + fn).argtypes, getattr(lib, "ftmoe_" + fn).restype = args, res
@@ -76,17 +81,67 @@ def _core_cpus() -> list[int]:
     return list(cores.values())
 
 
-def _check(x, wgu, wd, ids, weights, out) -> None:
-    tensors, dims_ok = (x, wgu, wd, ids, weights, out), x.dim() == 2 and wgu.dim() == wd.dim() == 3
-    (T, H), E, I = (x.shape, wgu.shape[0], wgu.shape[1] // 2) if dims_ok else ((0, 0), 0, 0)
+class _Mat(ctypes.Structure):
+    """cpu_moe.cpp's Mat: one bank [E, N, K], plain or quantized."""
+    _fields_ = [("q", ctypes.c_void_p), ("s", ctypes.c_void_p), ("z", ctypes.c_void_p),
+                ("sq", ctypes.c_int64), ("ss", ctypes.c_int64), ("sz", ctypes.c_int64),
+                ("fmt", ctypes.c_int32), ("sdt", ctypes.c_int32), ("bn", ctypes.c_int32), ("bk", ctypes.c_int32)]
+
+
+def _mat(w) -> _Mat:
+    if not isinstance(w, QWeight):
+        return _Mat(w.data_ptr(), None, None, w.stride(0) * w.element_size(), 0, 0, _DTYPES[w.dtype], 0, 1, 1)
+    z = w.z
+    return _Mat(w.q.data_ptr(), w.s.data_ptr(), None if z is None else z.data_ptr(),
+                w.q.stride(0) * w.q.element_size(), w.s.stride(0) * w.s.element_size(),
+                0 if z is None else z.stride(0), _QFMT[w.fmt],
+                _E8M0 if w.fmt == "mxfp4" else _DTYPES[w.s.dtype], *w.block)
+
+
+def _parts(w) -> list[torch.Tensor]:
+    return [t for t in (w.q, w.s, w.z) if t is not None] if isinstance(w, QWeight) else [w]
+
+
+def _qweight_ok(w: QWeight) -> bool:
+    """The parts' dtypes and shapes are those kernels/quant.py defines for w's format and block."""
+    if w.fmt not in FORMATS:
+        return False
+    S, N, K = w.shape
+    (bn, bk), has_zero = w.block, w.fmt in ("int4", "int8")
+    nb, kb = -(-N // bn), -(-K // bk)
+    return (w.q.dtype == (torch.float8_e4m3fn if w.fmt == "fp8" else torch.uint8)
+            and w.s.dtype in ((torch.uint8,) if w.fmt == "mxfp4" else tuple(_DTYPES))
+            and tuple(w.s.shape) == (S, nb, kb) and (w.z is not None) == has_zero
+            and (w.z is None or (w.z.dtype == torch.uint8 and tuple(w.z.shape) == (S, nb, kb))))
+
+
+def _check_banks(wgu, wd, H: int | None = None) -> None:
+    """w_gate_up [E, 2I, H] and w_down [E, H, I]: both tensors of one dtype, or both QWeights."""
+    quant = isinstance(wgu, QWeight)
+    parts = _parts(wgu) + _parts(wd)
+    (E, I2, Hg), (Ed, Hd, I) = (tuple(wgu.shape), tuple(wd.shape)) if all(
+        t.dim() == 3 for t in parts) else ((0, 0, 0), (0, 0, 0))
     for ok, what in [
-        (all(t.device.type == "cpu" for t in tensors), "tensors must be on the CPU"),
-        (x.dim() == 2 and H > 0 and I > 0 and wgu.shape == (E, 2 * I, H) and wd.shape == (E, H, I),
+        (all(t.device.type == "cpu" for t in parts), "banks must be on the CPU"),
+        (Hg > 0 and I > 0 and (E, I2, Hg) == (Ed, 2 * I, Hd) and H in (None, Hg),
          "need x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I]"),
-        (x.dtype in _DTYPES and wgu.dtype in _DTYPES and wd.dtype == wgu.dtype,
-         "x and the banks must be fp32/bf16/fp16, both banks of one dtype"),
-        (all(w.stride(2) == 1 and w.stride(1) == w.shape[2] and w.stride(0) >= w.stride(1)
-             * w.shape[1] for w in (wgu, wd)), "banks need contiguous [rows, cols] per expert"),
+        (isinstance(wd, QWeight) == quant and (all(map(_qweight_ok, (wgu, wd))) if quant else
+                                               wgu.dtype in _DTYPES and wd.dtype == wgu.dtype),
+         "the banks must be fp32/bf16/fp16 tensors of one dtype, "
+         "or two QWeights laid out as kernels/quant.py says"),
+        (all(t.stride(2) == 1 and t.stride(1) == t.shape[2] and t.stride(0) >= t.stride(1) * t.shape[1]
+             for t in parts), "banks need contiguous [rows, cols] per expert")]:
+        if not ok:
+            got = ", ".join(f"{t.dtype} {list(t.shape)} {t.stride()}" for t in parts)
+            raise ValueError(f"CPUExecutor: {what}; got (dtype shape strides) {got}")
+
+
+def _check(x, wgu, wd, ids, weights, out) -> None:
+    _check_banks(wgu, wd, x.shape[1] if x.dim() == 2 else -1)
+    T = x.shape[0]
+    for ok, what in [
+        (all(t.device.type == "cpu" for t in (x, ids, weights, out)), "tensors must be on the CPU"),
+        (x.dtype in _DTYPES, "x must be fp32/bf16/fp16"),
         (ids.dtype in (torch.int32, torch.int64) and ids.dim() == 2 and ids.shape[0] == T,
          "ids must be int32/int64 [T, K]"),
         (weights.dtype == torch.float32 and weights.shape == ids.shape,
@@ -94,7 +149,7 @@ def _check(x, wgu, wd, ids, weights, out) -> None:
         (out.dtype == torch.float32 and out.shape == x.shape and out.is_contiguous(),
          "out must be contiguous fp32 [T, H]")]:
         if not ok:
-            got = ", ".join(f"{t.dtype} {list(t.shape)} {t.stride()}" for t in tensors)
+            got = ", ".join(f"{t.dtype} {list(t.shape)} {t.stride()}" for t in (x, ids, weights, out))
             raise ValueError(f"CPUExecutor: {what}; got (dtype shape strides) {got}")
 
 
@@ -127,14 +182,16 @@ class CPUFuture:
 
 
 class CPUExecutor:
-    """Persistent C++ worker pool. `backend` forces a path (tests): "torch", "avx2_fma", ..."""
+    """Persistent C++ worker pool. `backend` forces a path (tests): "torch", "scalar", "avx2_fma",
+    "avx512" (AVX-512 F/BW: quantized banks in 512-bit registers), "avx512_bf16" (also bf16 banks
+    through the BF16 dot products)."""
 
     def __init__(self, threads: int | None = None, backend: str | None = None):
         self.threads = int(threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1)
         self._lib, self._pool = (None if backend == "torch" else _library()), None
         feats = self._lib.ftmoe_cpu_features() if self._lib else 0
         usable = ["torch"] + ["scalar"] * bool(self._lib) + ["avx2_fma"] * bool(feats & 1) + [
-            "avx512_bf16"] * (feats & 3 == 3)  # slowest to fastest
+            "avx512"] * (feats & 5 == 5) + ["avx512_bf16"] * (feats & 7 == 7)  # slowest to fastest
         if backend not in usable + [None]:
             raise ValueError(f"backend {backend!r} is not usable here; choose from {usable}")
         self.backend = backend or usable[-1]
@@ -146,57 +203,66 @@ class CPUExecutor:
             spin = 2000 if self.threads < (psutil.cpu_count(logical=False) or 1) else 0
             self._pool = self._lib.ftmoe_pool_create(self.threads, pin, spin)
 
+    def _mode(self, w) -> int:
+        """cpu_moe.cpp Mode for banks w (a tensor, a QWeight, or their dtype) on this backend."""
+        if self.backend == "scalar":
+            return 2
+        if isinstance(w, QWeight):
+            return 3 if self.backend.startswith("avx512") else 1
+        dt = w if isinstance(w, torch.dtype) else w.dtype
+        return 0 if self.backend == "avx512_bf16" and dt == torch.bfloat16 else 1  # DP_BF16: bf16 weights
+
     def submit(self, x, w_gate_up, w_down, ids, weights, out) -> CPUFuture:
-        """Start out[T, H] = sum_k weights * FFN_ids(x); returns at once (see ref.moe_experts)."""
+        """Start out[T, H] = sum_k weights * FFN_ids(x); returns at once (see ref.moe_experts).
+        The banks are tensors [E, 2I, H] / [E, H, I] or QWeights of those shapes."""
         _check(x, w_gate_up, w_down, ids, weights, out)
-        E, dt = w_gate_up.shape[0], w_gate_up.dtype
+        E = w_gate_up.shape[0]
         if self.backend == "torch":
             try:  # same contract as the pool: a failure surfaces from wait()
                 if ids.numel() and (ids.min() < -1 or ids.max() >= E):
                     raise IndexError(f"expert ids must be in [-1, {E})")
                 t0 = time.perf_counter()
-                out.copy_(ref.moe_experts(x.to(dt), w_gate_up, w_down, ids, weights))
+                xc = x.float() if isinstance(w_gate_up, QWeight) else x.to(w_gate_up.dtype)  # as the C++ paths
+                out.copy_(ref.moe_experts(xc, w_gate_up, w_down, ids, weights))
             except Exception as e:
                 return CPUFuture(None, None, (), e)
             return CPUFuture(None, None, (), seconds=time.perf_counter() - t0)
         if self._pool is None:
             raise RuntimeError("CPUExecutor is closed")
-        mode = {"avx512_bf16": 0 if dt == torch.bfloat16 else 1, "avx2_fma": 1, "scalar": 2}[
-            self.backend]  # cpu_moe.cpp Mode: DP_BF16 needs bf16 weights
-        xa = x.to(torch.bfloat16 if mode == 0 else torch.float32).contiguous()  # activations
-        ids, weights, esz = ids.contiguous(), weights.contiguous(), w_gate_up.element_size()
+        xa = x.to(self.act_dtype(w_gate_up)).contiguous()  # activations
+        ids, weights = ids.contiguous(), weights.contiguous()
         job = self._lib.ftmoe_submit(
-            self._pool, xa.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(), ids.data_ptr(),
-            weights.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], w_down.shape[2], E,
-            ids.shape[1], w_gate_up.stride(0) * esz, w_down.stride(0) * esz, _DTYPES[dt],
-            int(ids.dtype == torch.int64), mode)
+            self._pool, xa.data_ptr(), _mat(w_gate_up), _mat(w_down), ids.data_ptr(), weights.data_ptr(),
+            out.data_ptr(), x.shape[0], x.shape[1], w_down.shape[2], E, ids.shape[1],
+            int(ids.dtype == torch.int64), self._mode(w_gate_up))
         if not job:
             raise MemoryError("CPU expert executor: could not allocate the job's buffers")
         return CPUFuture(self._lib, job, (xa, w_gate_up, w_down, ids, weights, out))
 
-    def act_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
-        """The activation dtype the C++ path reads (bf16 for the AVX-512 BF16 dot products)."""
-        return torch.bfloat16 if self.backend == "avx512_bf16" and weight_dtype == torch.bfloat16 else torch.float32
+    def act_dtype(self, w) -> torch.dtype:
+        """The activation dtype the C++ path reads for banks w (a tensor, a QWeight, or a dtype):
+        bf16 for the AVX-512 BF16 dot products of bf16 banks, else fp32."""
+        return torch.bfloat16 if self._mode(w) == 0 else torch.float32
 
     def poller(self, flags: torch.Tensor, nfill: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor, out: torch.Tensor, gate_up: list, down: list) -> "Poller":
         """Serve a CUDA graph's CPU branch: see cpu_moe.cpp's Poller. flags: int32 [go, done,
         fill]; nfill: int64 [1]; x [Tmax, H] (act_dtype), ids [Tmax, K] int64, weights [Tmax, K]
-        fp32, out [Tmax, H] fp32, all in pinned memory; gate_up / down are the per-layer bank
-        views [E, 2I, H] / [E, H, I]."""
+        fp32, out [Tmax, H] fp32, all in pinned memory; gate_up / down are the per-layer banks,
+        tensors [E, 2I, H] / [E, H, I] or QWeights."""
         if self._pool is None:
             raise RuntimeError("the in-graph CPU branch needs the C++ executor")
-        dt = gate_up[0].dtype
-        assert x.dtype == self.act_dtype(dt) and ids.dtype == torch.int64 and out.dtype == torch.float32
+        for wgu, wd in zip(gate_up, down, strict=True):
+            _check_banks(wgu, wd, x.shape[1])
+        mode = self._mode(gate_up[0])
+        assert {self._mode(w) for w in gate_up} == {mode}, "one kernel family serves every layer"
+        assert x.dtype == self.act_dtype(gate_up[0]) and ids.dtype == torch.int64 and out.dtype == torch.float32
         assert flags.dtype == torch.int32 and flags.numel() == 3 and nfill.dtype == torch.int64
-        mode = {"avx512_bf16": 0 if dt == torch.bfloat16 else 1, "avx2_fma": 1, "scalar": 2}[self.backend]
-        arr = ctypes.c_void_p * len(gate_up)
-        esz = gate_up[0].element_size()
+        mats = _Mat * len(gate_up)
         handle = self._lib.ftmoe_poller_start(
             self._pool, flags.data_ptr(), nfill.data_ptr(), x.data_ptr(), ids.data_ptr(), weights.data_ptr(),
-            out.data_ptr(), arr(*[w.data_ptr() for w in gate_up]), arr(*[w.data_ptr() for w in down]),
-            len(gate_up), x.shape[1], down[0].shape[2], gate_up[0].shape[0], ids.shape[1],
-            gate_up[0].stride(0) * esz, down[0].stride(0) * esz, _DTYPES[dt], mode)
+            out.data_ptr(), mats(*map(_mat, gate_up)), mats(*map(_mat, down)), len(gate_up), x.shape[1],
+            down[0].shape[2], gate_up[0].shape[0], ids.shape[1], mode)
         return Poller(self._lib, handle, (flags, nfill, x, ids, weights, out, gate_up, down))
 
     def run(self, x, w_gate_up, w_down, ids, weights, out) -> None:
@@ -230,3 +296,51 @@ class Poller:
             self._h = None
 
     __del__ = close
+
+
+def _constant_bank(fmt: str, n_experts: int, hidden: int, inter: int, group: int = 128) -> tuple:
+    """(w_gate_up, w_down) of n_experts filled with constants, for timing (the values do not
+    change it): tensors for fp32/bf16/fp16, QWeights (blocks of 1 x group, fp8 group x group,
+    fp16 scales, fp32 for fp8) for the quantized formats."""
+    plain = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    shapes = ((2 * inter, hidden), (hidden, inter))
+    if fmt in plain:
+        return tuple(torch.full((n_experts, n, k), 0.01, dtype=plain[fmt]) for n, k in shapes)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; supported: {', '.join([*plain, *FORMATS])}")
+    bn, bk = {"fp8": (group, group), "mxfp4": (1, 32)}.get(fmt, (1, group))
+
+    def qweight(n: int, k: int) -> QWeight:
+        q = torch.full((n_experts, n, k // 2 if fmt in ("int4", "mxfp4") else k), 0x37, dtype=torch.uint8)
+        blocks = (n_experts, -(-n // bn), -(-k // bk))
+        s = torch.full(blocks, 127, dtype=torch.uint8) if fmt == "mxfp4" else \
+            torch.full(blocks, 0.01, dtype=torch.float32 if fmt == "fp8" else torch.float16)
+        z = torch.full(blocks, 8, dtype=torch.uint8) if fmt in ("int4", "int8") else None
+        return QWeight(fmt, q.view(torch.float8_e4m3fn) if fmt == "fp8" else q, s, z, (bn, bk))
+
+    return tuple(qweight(n, k) for n, k in shapes)
+
+
+def expert_gbps(fmt: str, threads: int | None = None, seconds: float = 1.0, bank_bytes: int = 1 << 30,
+                shape: tuple[int, int] = (2048, 768), group: int = 128) -> float:
+    """B_H of one weight format (fp32, bf16, fp16 or a kernels.quant format): GB/s of expert bytes
+    (of a quantized format: its codes, scales and zero points) that the executor with `threads`
+    threads reads at batch 1, in steps of 8 distinct experts of shape (hidden, moe_intermediate)
+    cycling through bank_bytes of experts (make that exceed the CPU caches), timed by the
+    executor's own clock from submit to retire."""
+    hidden, inter = shape
+    one = _constant_bank(fmt, 1, hidden, inter, group)
+    per_expert = sum(w.nbytes_per_slot if isinstance(w, QWeight) else w[0].nbytes for w in one)
+    n = max(8, -(-bank_bytes // per_expert))
+    gu, down = _constant_bank(fmt, n, hidden, inter, group)
+    ex = CPUExecutor(threads)
+    try:
+        x, out, w = torch.randn(1, hidden), torch.empty(1, hidden), torch.full((1, 8), 1 / 8)
+        i, busy, t0 = 0, 0.0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            job = ex.submit(x, gu, down, (torch.arange(8) + i).remainder(n).view(1, 8), w, out)
+            job.wait()
+            busy, i = busy + job.seconds, i + 8
+    finally:
+        ex.close()
+    return i * per_expert / busy / 1e9

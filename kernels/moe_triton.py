@@ -275,11 +275,11 @@ def bench_moe(T: int = 1, K: int = 8, H: int = 2048, I: int = 768, S: int = 512,
     return res
 
 
-def slot_views(S: int, parts: list[tuple[tuple[int, ...], torch.dtype]], device,
+def _slot_views(S: int, parts: list[tuple[tuple[int, ...], torch.dtype]], device,
                align: int = 256) -> list[torch.Tensor]:
     """Views [S, *shape] of each (shape, dtype) part into one uint8 pool of S slot rows, each
     part `align`-byte aligned and every row padded by `align` bytes: the slot cache's byte-row
-    layout, for tests and benchmarks."""
+    layout (engine.moe.layout, which kernels/ does not import), for the benchmarks."""
     sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in parts]
     offs = [sum(-(-n // align) * align for n in sizes[:i]) for i in range(len(parts) + 1)]
     pool = torch.zeros(S, offs[-1] + align, dtype=torch.uint8, device=device)
@@ -292,13 +292,13 @@ def _bench_weights(fmt: str, S: int, H: int, I: int, group: int):
     or bf16, copied into every slot), and the bytes of one slot."""
     ws = [torch.randn(n, k, device="cuda") * 0.02 for n, k in ((2 * I, H), (H, I))]
     if fmt == "bf16":
-        views = slot_views(S, [(tuple(w.shape), torch.bfloat16) for w in ws], "cuda")
+        views = _slot_views(S, [(tuple(w.shape), torch.bfloat16) for w in ws], "cuda")
         for v, w in zip(views, ws):
             v.copy_(w)
         return views, 3 * I * H * 2
     quant = [quantize(fmt, w, group) for w in ws]
     parts = [[t for t in qt[:3] if t is not None] for qt in quant]
-    views = iter(slot_views(S, [(tuple(t.shape), t.dtype) for p in parts for t in p], "cuda"))
+    views = iter(_slot_views(S, [(tuple(t.shape), t.dtype) for p in parts for t in p], "cuda"))
     out = []
     for p, (_, _, z, block) in zip(parts, quant):
         vs = [next(views).copy_(t) for t in p]

@@ -16,14 +16,20 @@ def act_and_mul(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     raise ValueError(f"unknown expert activation {act!r}")
 
 
-def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+def expert_weight(w: torch.Tensor | QWeight, slot: int, dtype: torch.dtype) -> torch.Tensor:
+    """One slot's weight [N, K] in `dtype`: a quantized one dequantized (kernels.quant), then cast."""
+    return (w.dequant(slot) if isinstance(w, QWeight) else w[slot]).to(dtype)
+
+
+def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torch.Tensor | QWeight,
                 slots: torch.Tensor, weights: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """Weighted sum of routed expert FFNs.
 
     x [T, H]; w_gate_up [S, 2I, H]; w_down [S, H, I] (S = slots of a GPU pool or experts of a
-    host bank), each a tensor or a QWeight (dequantized per slot); slots [T, K] integer, -1 =
-    this route is computed elsewhere; weights [T, K].
-    Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]).
+    host bank), tensors or QWeights of those shapes; slots [T, K] integer, -1 = this route is
+    computed elsewhere; weights [T, K].
+    Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]), with each
+    weight rounded to x's dtype (a quantized one dequantized first).
     """
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
     flat = slots.reshape(-1)
@@ -36,14 +42,10 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         start += n
         if s < 0:  # routes computed elsewhere
             continue
-        h = act_and_mul(x[t] @ _slot(w_gate_up, s).t().to(x.dtype), act)
-        y = (h @ _slot(w_down, s).t().to(x.dtype)) * w[idx, None]
+        h = act_and_mul(x[t] @ expert_weight(w_gate_up, s, x.dtype).t(), act)
+        y = (h @ expert_weight(w_down, s, x.dtype).t()) * w[idx, None]
         out.index_add_(0, t, y.float())
     return out
-
-
-def _slot(w: torch.Tensor | QWeight, s: int) -> torch.Tensor:
-    return w.dequant(s) if isinstance(w, QWeight) else w[s]
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -79,6 +81,17 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                            enable_gqa=gqa)[0]
         out.append(o.transpose(0, 1))
     return torch.cat(out, dim=0)
+
+
+def latent_attention(q: torch.Tensor, latent_pool: torch.Tensor, page_table: torch.Tensor,
+                     q_lens: list[int], ctx_lens: list[int], scale: float, v_dim: int) -> torch.Tensor:
+    """Multi-head latent attention with absorbed weights: one shared latent head (MQA).
+
+    q [T, Hq, C + R]: each head's query with its no-rope part folded into the latent space
+    (q_nope @ W_UK), then its rotary part; latent_pool [P, page, 1, C + R] holds each token's
+    normed latent (C = v_dim) and its rotated rope key, and the latents are also the values.
+    Returns [T, Hq, C] (the caller applies W_UV)."""
+    return paged_attention(q, latent_pool, latent_pool[..., :v_dim], page_table, q_lens, ctx_lens, scale)
 
 
 def split_fetch(m: int, q: float, recurring: bool = False) -> int:

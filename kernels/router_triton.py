@@ -1,8 +1,9 @@
 """Router scoring and top-k in one launch (Triton): the semantics of engine.moe.router's plain
-function (scores, optional correction bias, top-k by descending choice, optional renormalisation,
-scaling). At decode torch runs softmax, topk, a sort of the k winners, gather and renormalise as
-~10 kernels per layer; here one program per token holds its E scores in registers and extracts
-the k largest in order (ties: lowest expert id first)."""
+function (scores, optional correction bias, optional limit to the best expert groups, top-k by
+descending choice, optional renormalisation, scaling). At decode torch runs softmax, topk, a sort
+of the k winners, gather and renormalise as ~10 kernels per layer; here one program per token
+holds its E scores in registers, as [groups, experts per group], and extracts the k largest in
+order (ties: lowest group or expert id first)."""
 from __future__ import annotations
 
 import torch
@@ -11,31 +12,48 @@ import triton.language as tl
 
 
 @triton.jit
-def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, scaling, eps,
+def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G, scaling, eps,
                   SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
-                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                  GROUPS: tl.constexpr, TOP2: tl.constexpr,
+                  BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    e = tl.arange(0, BLOCK_E)
-    me = e < E
+    gi, j = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_S)
+    g = gi[:, None]
+    e = g * GS + j[None, :]                                        # [BLOCK_G, BLOCK_S] expert ids
+    me = (g < NG) & (j[None, :] < GS)
     x = tl.load(logits_ptr + t * E + e, mask=me, other=-float("inf")).to(tl.float32)
     if SIGMOID:
         s = 1.0 / (1.0 + tl.exp(-x))
     else:
-        p = tl.exp(x - tl.max(x, axis=0))
-        s = p / tl.sum(p, axis=0)
+        p = tl.exp(x - tl.max(tl.max(x, axis=1), axis=0))
+        s = p / tl.sum(tl.sum(p, axis=1), axis=0)
     choice = s
     if HAS_BIAS:
         choice = s + tl.load(bias_ptr + e, mask=me, other=0.0).to(tl.float32)
     choice = tl.where(choice != choice, float("inf"), choice)      # NaN ranks first, as in torch.topk
     choice = tl.where(me, choice, -float("inf"))
+    if GROUPS:  # keep the TOPK_G best groups, ranked by their best or best two choices
+        m1 = tl.max(choice, axis=1)                                # [BLOCK_G]
+        rank = m1
+        if TOP2:
+            first = tl.min(tl.where(choice == m1[:, None], j[None, :], BLOCK_S), axis=1)
+            rank = m1 + tl.max(tl.where(j[None, :] == first[:, None], -float("inf"), choice), axis=1)
+        rank = tl.where(gi < NG, rank, -float("inf"))
+        keep = gi < 0
+        for _ in range(0, TOPK_G):
+            best = tl.max(rank, axis=0)
+            i = tl.min(tl.where(rank == best, gi, BLOCK_G), axis=0)
+            keep = keep | (gi == i)
+            rank = tl.where(gi == i, -float("inf"), rank)
+        choice = tl.where(keep[:, None], choice, -float("inf"))
     k = tl.arange(0, BLOCK_K)
     ids = tl.zeros([BLOCK_K], tl.int64)
     w = tl.zeros([BLOCK_K], tl.float32)
-    for j in range(0, K):
-        best = tl.max(choice, axis=0)
-        i = tl.min(tl.where((choice == best) & me, e, E - 1), axis=0)  # lowest id among ties
-        ids = tl.where(k == j, i, ids)
-        w = tl.where(k == j, tl.sum(tl.where(e == i, s, 0.0), axis=0), w)
+    for n in range(0, K):
+        best = tl.max(tl.max(choice, axis=1), axis=0)
+        i = tl.min(tl.min(tl.where((choice == best) & me, e, E - 1), axis=1), axis=0)  # lowest id among ties
+        ids = tl.where(k == n, i, ids)
+        w = tl.where(k == n, tl.sum(tl.sum(tl.where(e == i, s, 0.0), axis=1), axis=0), w)
         choice = tl.where(e == i, -float("inf"), choice)
     if NORM:
         w = w / (tl.sum(w, axis=0) + eps)
@@ -45,15 +63,22 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, scaling, eps,
 
 
 def route(logits: torch.Tensor, top_k: int, scoring: str, norm: bool, scaling: float,
-          bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, E] -> (weights [T, K] in logits' dtype, expert ids [T, K] int64)."""
+          bias: torch.Tensor | None = None, n_group: int = 1, topk_group: int = 1,
+          group_score: str = "top2") -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] -> (weights [T, K] in logits' dtype, expert ids [T, K] int64). With n_group > 1
+    the choice is limited to the topk_group best of n_group equal groups (scored by the sum of
+    their two best choices, top2, or by the best, max)."""
     T, E = logits.shape
     w = torch.empty(T, top_k, dtype=logits.dtype, device=logits.device)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
+    gs = E // n_group
+    assert gs * n_group == E, "experts must split into equal groups"
     if T:
         _route_kernel[(T,)](logits.contiguous(), bias if bias is not None else logits, w, ids, E, top_k,
-                            float(scaling), 1e-20 if scoring == "sigmoid" else 0.0,
+                            n_group, gs, topk_group, float(scaling), 1e-20 if scoring == "sigmoid" else 0.0,
                             SIGMOID=scoring == "sigmoid", HAS_BIAS=bias is not None, NORM=norm,
-                            BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
+                            GROUPS=n_group > 1, TOP2=group_score == "top2",
+                            BLOCK_G=triton.next_power_of_2(n_group), BLOCK_S=triton.next_power_of_2(gs),
+                            BLOCK_K=triton.next_power_of_2(top_k),
                             num_warps=1)  # one warp: the k extractions reduce within a warp
     return w, ids

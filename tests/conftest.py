@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny  # noqa: E402
 
-ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "deepseek_v2", "glm4_moe"]
 
 
 def pytest_addoption(parser):
@@ -61,29 +61,29 @@ def tiny_model(tmp_path_factory):
 
 def load(ftw: Path, **kw):
     from engine.config import EngineConfig
-    from engine.loader import load_engine
-    return load_engine(EngineConfig(model=str(ftw), device=kw.pop("device", DEVICE[0]), **kw), ftw)
+    from engine.loader import load_runner
+    return load_runner(EngineConfig(model=str(ftw), device=kw.pop("device", DEVICE[0]), **kw), ftw)
 
 
-def greedy(engine, prompt: list[int], n: int) -> list[int]:
+def greedy(runner, prompt: list[int], n: int) -> list[int]:
     """n greedy tokens through the scheduler (no tokenizer needed)."""
     from engine.config import SamplingParams
     from engine.scheduler import Scheduler, Sequence
-    sched = Scheduler(engine, set(), 1, 2048, prefix_cache=False)
+    sched = Scheduler(runner, set(), 1, 2048, prefix_cache=False)
     seq = Sequence(list(prompt), SamplingParams(max_tokens=n, temperature=0))
     sched.add(seq)
     while not seq.finish:
         sched.step()
-    engine.runtime.sync_stats()  # graph decode counts on the device
+    runner.runtime.sync_stats()  # graph decode counts on the device
     return seq.output
 
 
-def prefill_logits(engine, ids: list[int]) -> torch.Tensor:
+def prefill_logits(runner, ids: list[int]) -> torch.Tensor:
     """Logits of every position of `ids`, prefilled in one step (pages released after)."""
     from engine.kv.batch import ForwardBatch
-    pages = engine.kv.alloc(-(-len(ids) // engine.kv.page_size))
+    pages = runner.kv.alloc(-(-len(ids) // runner.kv.page_size))
     try:
-        b = ForwardBatch.build([(ids, 0, pages)], engine.kv.page_size, engine.device, all_logits=True)
-        return engine.model(b, engine.kv)
+        b = ForwardBatch.build([(ids, 0, pages)], runner.kv.page_size, runner.device, all_logits=True)
+        return runner.model(b, runner.kv)
     finally:
-        engine.kv.release(pages)
+        runner.kv.release(pages)

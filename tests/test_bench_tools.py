@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def test_step_profile_reports_each_policy(capsys):
-    from benchmarks import step_profile
+    from engine.bench import step_profile
     step_profile.main("uniform", 2, "1MiB", None, "tiny", "cpu")
     out = capsys.readouterr().out
     for label in ("fetch 1MiB", "adaptive 1MiB", "cpu 1MiB", "all resident"):
@@ -13,17 +13,17 @@ def test_step_profile_reports_each_policy(capsys):
 
 def test_prefetch_signal_on_the_demo_model():
     """Layer l+1's router on layer l's input beats chance (K/E) on the trained demo model."""
-    from benchmarks.prefetch_accuracy import accuracy
+    from engine.bench.prefetch_accuracy import accuracy
     from engine.config import EngineConfig
-    from engine.loader import load_engine
+    from engine.loader import load_runner
     from engine.resolve import ensure_ftw
     from engine.tokenizer import Tokenizer
     path = ensure_ftw(None)
-    engine = load_engine(EngineConfig(model="", device="cpu", graph=False), path)
+    runner = load_runner(EngineConfig(model="", device="cpu", graph=False), path)
     tokens = Tokenizer(path).encode("def add(a, b):\n    return a + b\n" * 20)
-    acc = accuracy(engine, tokens)
-    k, e = engine.cfg.router.top_k, engine.cfg.num_experts
-    assert len(acc) == engine.cfg.num_layers - 1 and all(0 <= a <= 1 for a in acc)
+    acc = accuracy(runner, tokens)
+    k, e = runner.cfg.router.top_k, runner.cfg.num_experts
+    assert len(acc) == runner.cfg.num_layers - 1 and all(0 <= a <= 1 for a in acc)
     assert sum(acc) / len(acc) > 1.5 * k / e
 
 
@@ -31,7 +31,7 @@ def test_split_model_prices_whole_expert_splits():
     """Fresh experts every step at B_P = B_H: two misses split evenly (the ideal), three cannot
     (one side takes two experts: 2 expert-times against the ideal 1.5)."""
     import numpy as np
-    from benchmarks.split_model import price
+    from engine.bench.split_model import price
     for k, ratio in [(2, 1.0), (3, 0.75)]:
         trace = np.arange(10 * k).reshape(10, 1, k)  # never a repeat: every route misses
         r = price(trace, slots=4, experts=64, b_p=1e9, b_h=1e9, expert_bytes=10**9, warm_tokens=0)
@@ -41,7 +41,7 @@ def test_split_model_prices_whole_expert_splits():
 
 _BENCH = """
 import multiprocessing as mp, os
-from benchmarks.decode import memory_hog
+from engine.bench.decode import memory_hog
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")
     stop, ready = ctx.Event(), ctx.Semaphore(0)  # kept: start() drops the process's own references
@@ -79,20 +79,20 @@ def test_interleave_runs_each_variant_in_turn_with_its_settings(monkeypatch):
     its runtime is built and decoded (and the defaults for the others), and the defaults come
     back afterwards; a variant naming a missing attribute is refused."""
     import pytest
-    from benchmarks import interleave
+    from engine.bench import interleave
     from engine.config import EngineConfig, parse_size
     from engine.loader import load_synthetic
     from engine.moe import runtime
     cfg = EngineConfig(model="synthetic", device="cpu", expert_budget=parse_size("1MiB"), cpu_threads=1,
                        max_context=256, moe_policy="adaptive")
-    engine = load_synthetic(cfg, "tiny")
+    runner = load_synthetic(cfg, "tiny")
     seen, decode = [], interleave.decode_once
     monkeypatch.setattr(interleave, "decode_once",
                         lambda *a: seen.append(runtime.SHORT_ROUTES_PER_EXPERT) or decode(*a))
     default = runtime.SHORT_ROUTES_PER_EXPERT
     variants = [interleave.parse_variant("base"),
                 interleave.parse_variant("wide:engine.moe.runtime.SHORT_ROUTES_PER_EXPERT=99")]
-    runs = interleave.run(engine, cfg, "uniform", variants, tokens=3, repeats=2,
+    runs = interleave.run(runner, cfg, "uniform", variants, tokens=3, repeats=2,
                           prof={"h2d_concurrent_gbps": None, "cpu_expert_concurrent_gbps": 10.0}, say=lambda m: None)
     assert seen == [default, default, 99, 99] * 2                  # warm-up and timed decode, per variant
     assert runtime.SHORT_ROUTES_PER_EXPERT == default
@@ -106,8 +106,8 @@ def test_synthetic_model_reports_its_progress():
     from engine.config import EngineConfig, parse_size
     from engine.loader import load_synthetic
     calls = []
-    engine = load_synthetic(EngineConfig(model="synthetic", device="cpu", expert_budget=parse_size("1MiB")), "tiny",
+    runner = load_synthetic(EngineConfig(model="synthetic", device="cpu", expert_budget=parse_size("1MiB")), "tiny",
                             progress=lambda stage, done, total: calls.append((stage, done, total)))
-    total = engine.runtime.store.nbytes
-    assert len(calls) == len(engine.runtime.store.banks) and calls[-1] == ("experts", total, total)
+    total = runner.runtime.store.nbytes
+    assert len(calls) == len(runner.runtime.store.banks) and calls[-1] == ("experts", total, total)
     assert all(a[1] < b[1] for a, b in zip(calls, calls[1:]))

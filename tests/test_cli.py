@@ -142,7 +142,7 @@ def test_record_trace_then_bench_decode_replays_it(tiny_hf, tmp_path):
 
 
 def test_bench_decode_out_keeps_the_rows_of_a_bench_cut_short(tiny_hf, tmp_path, monkeypatch):
-    import benchmarks.decode as bench
+    import engine.bench.decode as bench
     measured = bench.measure_policy
 
     def interrupted(*a, **k):
@@ -162,7 +162,7 @@ def test_bench_decode_out_keeps_the_rows_of_a_bench_cut_short(tiny_hf, tmp_path,
 
 def test_bench_decode_online_and_fixed_q_take_turns(tiny_hf, tmp_path, monkeypatch):
     from engine import profile
-    from engine.moe.estimator import BandwidthEstimator
+    from engine.moe.qstar import BandwidthEstimator
     monkeypatch.setattr(BandwidthEstimator.__init__, "__defaults__", (0.1, 0))  # time the tiny experts too
     monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path))  # a saved profile with q* = 0.5
     profile.save({"machine": profile.machine(), "h2d_concurrent_gbps": 1.0, "cpu_expert_concurrent_gbps": 1.0,

@@ -2,12 +2,15 @@
 on expert banks laid out like the engine's host store: typed strided views into a byte bank."""
 from __future__ import annotations
 
+import functools
+
 import psutil
 import pytest
 import torch
 
 from kernels import cpu_executor, ref
 from kernels.cpu_executor import CPUExecutor, cpu_executor_available
+from kernels.quant import QWeight, quantize
 
 E = 16
 
@@ -23,7 +26,7 @@ def ex():
 def pools():
     """The slower paths this CPU can run, each forced through the backend argument."""
     made = {}
-    for b in ("avx2_fma", "scalar"):
+    for b in ("avx512", "avx2_fma", "scalar"):
         try:
             made[b] = CPUExecutor(backend=b)
         except ValueError:  # path not usable on this CPU (or no compiler)
@@ -75,7 +78,7 @@ def test_matches_reference(ex, dtype, tol, T, K):
     check_parity(ex, dtype, tol, T, K)
 
 
-@pytest.mark.parametrize("backend", ["avx2_fma", "scalar"])  # the slower paths, forced
+@pytest.mark.parametrize("backend", ["avx512", "avx2_fma", "scalar"])  # the slower paths, forced
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("T,K", [(1, 8), (17, 2)])
 def test_forced_paths_match_reference(pools, backend, dtype, tol, T, K):
@@ -179,7 +182,7 @@ def test_validation_errors(ex):
 
 
 def test_backend_and_threads(ex):
-    assert ex.backend in ("avx512_bf16", "avx2_fma", "scalar", "torch")
+    assert ex.backend in ("avx512_bf16", "avx512", "avx2_fma", "scalar", "torch")
     assert ex.threads == (psutil.cpu_count(logical=False) or 1)
     assert (ex.backend != "torch") == cpu_executor_available()
 
@@ -193,7 +196,8 @@ def test_missing_compiler_falls_back_with_one_line(monkeypatch, capsys):
     assert len(err) == 1 and "falls back to torch" in err[0] and "not found" in err[0]
 
 
-def test_poller_serves_the_graph_protocol_and_times_fills(ex):
+@pytest.mark.parametrize("fmt", [None, "int4", "int8", "fp8", "mxfp4"])  # None: fp32 banks
+def test_poller_serves_the_graph_protocol_and_times_fills(ex, fmt):
     """The in-graph CPU branch driven from Python as the GPU stream would: stage, write go, write
     fill once the (simulated) fills landed, wait for done. Results match the reference, a step
     with no CPU route answers zeros, the fills are timed from go to the fill flag, a fill flag the
@@ -203,8 +207,9 @@ def test_poller_serves_the_graph_protocol_and_times_fills(ex):
     if ex.backend == "torch":
         pytest.skip("no C++ executor here")
     H, I, K, Tmax = 64, 32, 2, 2
-    banks = [make_bank(H, I, torch.float32, seed=s) for s in range(2)]
-    x_h = torch.zeros(Tmax, H, dtype=ex.act_dtype(torch.float32))
+    banks = [make_bank(H, I, torch.float32, seed=s) if fmt is None else
+             make_qbank(fmt, H, I, 32, symmetric=False, seed=s) for s in range(2)]
+    x_h = torch.zeros(Tmax, H, dtype=ex.act_dtype(banks[0][0]))
     ids_h, w_h = torch.full((Tmax, K), -1, dtype=torch.int64), torch.zeros(Tmax, K)
     out_h, flags, nfill = torch.zeros(Tmax, H), torch.zeros(3, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
     poller = ex.poller(flags, nfill, x_h, ids_h, w_h, out_h, [b[0] for b in banks], [b[1] for b in banks])
@@ -241,3 +246,156 @@ def test_poller_serves_the_graph_protocol_and_times_fills(ex):
             poller.stats()
     finally:
         poller.close()
+
+
+# ---- quantized banks (kernels/quant.py layout) ----
+
+def qbank(experts: dict, fmt: str, group: int, symmetric: bool = True, scale_dtype=torch.float16):
+    """Each expert of {name: [E, N, K]} quantized on its own, the parts of all names laid one after
+    another in one uint8 row per expert, as a host bank holds them: {name: QWeight of views}."""
+    parts = {n: [quantize(fmt, w[e], group, scale_dtype, symmetric) for e in range(len(w))]
+             for n, w in experts.items()}
+    return qweights(fmt, {n: [p[:3] for p in ps] for n, ps in parts.items()},
+                    {n: ps[0][3] for n, ps in parts.items()})
+
+
+def qweights(fmt: str, parts: dict, blocks: dict) -> dict:
+    """{name: per expert (q, s, z)} -> {name: QWeight} of views into one byte bank with 4 KiB slack
+    per expert (so every part has its own non-trivial expert stride)."""
+    first = [(n, j, t) for n, ps in parts.items() for j, t in enumerate(ps[0]) if t is not None]
+    offs, off = [], 0
+    for _, _, t in first:
+        offs.append(off)
+        off += -(-t.numel() * t.element_size() // 64) * 64
+    E = len(next(iter(parts.values())))
+    bank = torch.zeros(E, off + 4096, dtype=torch.uint8)
+    views = {n: [None, None, None] for n in parts}
+    for (n, j, t), o in zip(first, offs):
+        v = bank[:, o:o + t.numel() * t.element_size()].view(t.dtype).view(E, *t.shape)
+        v.copy_(torch.stack([p[j] for p in parts[n]]))
+        views[n][j] = v
+    return {n: QWeight(fmt, *views[n], blocks[n]) for n in parts}
+
+
+@functools.lru_cache(maxsize=None)
+def make_qbank(fmt: str, H: int, I: int, group: int, symmetric: bool = True, seed: int = 0):
+    gu, down = make_bank(H, I, torch.float32, seed)
+    w = qbank({"gate_up": gu, "down": down}, fmt, group, symmetric)
+    return w["gate_up"], w["down"]
+
+
+QFORMATS = [("int4", True), ("int4", False), ("int8", True), ("int8", False), ("fp8", True), ("mxfp4", True)]
+
+
+def check_qparity(ex, fmt, symmetric, T, K, H=96, I=64, group=32, tol=1e-5):
+    gu, down = make_qbank(fmt, H, I, group, symmetric)
+    x, ids, w = make_routes(T, K, torch.int32 if T % 2 else torch.int64, torch.float32, H)
+    out = torch.full((T, H), float("nan"))
+    ex.run(x, gu, down, ids, w, out)
+    assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < tol
+
+
+@pytest.mark.parametrize("fmt,symmetric", QFORMATS)
+@pytest.mark.parametrize("T", [1, 3, 17])
+@pytest.mark.parametrize("K", [1, 2, 8])
+def test_quantized_matches_reference(ex, fmt, symmetric, T, K):
+    check_qparity(ex, fmt, symmetric, T, K)
+
+
+@pytest.mark.parametrize("backend", ["avx512", "avx2_fma", "scalar"])  # the slower paths, forced
+@pytest.mark.parametrize("fmt,symmetric", QFORMATS)
+@pytest.mark.parametrize("T,K", [(1, 8), (17, 2)])
+def test_quantized_forced_paths_match_reference(pools, backend, fmt, symmetric, T, K):
+    if backend not in pools:
+        pytest.skip(f"{backend} path not usable on this machine")
+    check_qparity(pools[backend], fmt, symmetric, T, K)
+
+
+@pytest.mark.parametrize("backend", ["default", "avx512", "avx2_fma", "scalar"])
+@pytest.mark.parametrize("fmt,group", [("int4", 48), ("int4", 24), ("int4", 3), ("int8", 24), ("int8", 8),
+                                       ("fp8", 16), ("fp8", 24)])
+def test_quantized_block_sizes(ex, pools, backend, fmt, group):
+    """Blocks of several vectors, blocks ending mid-vector (a scalar tail), odd int4 blocks (that
+    start mid-byte)."""
+    e = ex if backend == "default" else pools.get(backend)
+    if e is None:
+        pytest.skip(f"{backend} path not usable on this machine")
+    check_qparity(e, fmt, False, 3, 2, H=96, I=48, group=group)
+
+
+@pytest.mark.parametrize("fmt,scale_dtype", [(f, d) for f in ("int4", "int8", "fp8")
+                                              for d in (torch.float32, torch.bfloat16, torch.float16)]
+                         + [("mxfp4", torch.uint8)])
+def test_quantized_scale_dtypes_and_partial_blocks(ex, pools, fmt, scale_dtype):
+    """Parts drawn at random in the layout's general form: every scale dtype, every code (fp8
+    subnormals too), blocks of several rows (fp8) and last blocks that overhang the matrix
+    (ceil(N / bn) x ceil(K / bk) scales; for int4 and mxfp4 also a row whose end is not a whole
+    chunk of the SIMD paths)."""
+    g = torch.Generator().manual_seed(3)
+    H, I, (bn, bk) = 80, 48, {"fp8": (32, 48), "int8": (1, 24)}.get(fmt, (1, 32))
+
+    def parts(N, K):
+        q = torch.randint(0, 256, (N, K // 2 if fmt in ("int4", "mxfp4") else K), generator=g, dtype=torch.uint8)
+        if fmt == "fp8":
+            q = q.masked_fill((q & 0x7F) == 0x7F, 0).view(torch.float8_e4m3fn)  # no NaN codes
+        nb, kb = -(-N // bn), -(-K // bk)
+        s = torch.randint(118, 130, (nb, kb), generator=g, dtype=torch.uint8) if fmt == "mxfp4" else \
+            (torch.rand(nb, kb, generator=g) / K).to(scale_dtype)
+        z = torch.randint(0, 16 if fmt == "int4" else 256, (nb, kb), generator=g, dtype=torch.uint8) \
+            if fmt in ("int4", "int8") else None
+        return q, s, z
+
+    w = qweights(fmt, {"gate_up": [parts(2 * I, H) for _ in range(E)], "down": [parts(H, I) for _ in range(E)]},
+                 {"gate_up": (bn, bk), "down": (bn, bk)})
+    x, ids, rw = make_routes(5, 4, torch.int64, torch.float32, H)
+    expect = ref.moe_experts(x, w["gate_up"], w["down"], ids, rw)
+    for e in [ex, *pools.values()]:
+        out = torch.empty(5, H)
+        e.run(x, w["gate_up"], w["down"], ids, rw, out)
+        assert rel_err(out, expect) < 1e-5, e.backend
+
+
+@pytest.mark.parametrize("fmt,symmetric", QFORMATS)
+def test_quantized_torch_fallback_is_the_reference(ex_torch, fmt, symmetric):
+    gu, down = make_qbank(fmt, 96, 64, 32, symmetric)
+    x, ids, w = make_routes(5, 2, torch.int64, torch.bfloat16, 96)
+    out = torch.empty(5, 96)
+    ex_torch.run(x, gu, down, ids, w, out)
+    assert torch.equal(out, ref.moe_experts(x.float(), gu, down, ids, w))
+
+
+def test_quantized_bad_expert_id_and_validation(ex, ex_torch):
+    gu, down = make_qbank("int4", 96, 64, 32)
+    x, ids, w = make_routes(2, 2, torch.int64, torch.float32, 96)
+    ids[1, 0] = E
+    for e in (ex, ex_torch):
+        with pytest.raises((RuntimeError, IndexError)):
+            e.submit(x, gu, down, ids, w, torch.empty(2, 96)).wait(timeout=10)
+    ids[1, 0] = 0
+    fgu, fdown = make_bank(96, 64, torch.float32)
+    with pytest.raises(ValueError, match="two QWeights"):
+        ex.submit(x, gu, fdown, ids, w, torch.empty(2, 96))
+    bad = QWeight("int4", gu.q, gu.s[:, :, :1], gu.z, gu.block)  # scales of the wrong shape
+    with pytest.raises(ValueError, match="two QWeights"):
+        ex.submit(x, bad, down, ids, w, torch.empty(2, 96))
+    with pytest.raises(ValueError, match="contiguous"):
+        ex.submit(x, QWeight("int4", gu.q, gu.s.transpose(1, 2).contiguous().transpose(1, 2), gu.z, gu.block),
+                  down, ids, w, torch.empty(2, 96))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int4", "int8", "fp8", "mxfp4"])
+def test_expert_gbps_probe(fmt):
+    gbps = cpu_executor.expert_gbps(fmt, threads=1, seconds=0.05, bank_bytes=1 << 20, shape=(64, 32), group=32)
+    assert gbps > 0
+    with pytest.raises(ValueError, match="supported"):
+        cpu_executor.expert_gbps("int3", threads=1, seconds=0.01)
+
+
+def test_quantized_banks_of_two_formats(ex, pools):
+    """Each bank takes its own format's kernel (a checkpoint may keep down_proj wider)."""
+    gu, down = make_qbank("int4", 96, 64, 32, False)[0], make_qbank("int8", 96, 64, 32, False)[1]
+    x, ids, w = make_routes(3, 2, torch.int64, torch.float32, 96)
+    for e in [ex, *pools.values()]:
+        out = torch.empty(3, 96)
+        e.run(x, gu, down, ids, w, out)
+        assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < 1e-5, e.backend

@@ -134,6 +134,41 @@ def test_host_tables_match_reference_plan():
             assert host.slot_of == slot_of.tolist() and host.owner_of == owner_of.tolist()
 
 
+def test_cache_stats_record_and_delta():
+    """record() derives the CPU share and the bytes; `after - before` is the span's own counts."""
+    from dataclasses import replace
+
+    from engine.moe.cache import CacheStats
+    st = CacheStats()
+    st.record(slot_bytes=10, hits=3, misses=4, fetched=1)
+    st.record(slot_bytes=10, streamed=8)
+    st.record(scan=True)
+    assert st == CacheStats(hits=3, misses=4, fetched=1, cpu=3, bytes_filled=90, bytes_cpu=30, scan_steps=1,
+                            stream_layers=1)
+    before = replace(st)
+    st.record(slot_bytes=10, hits=1, misses=2, fetched=2)
+    assert st - before == CacheStats(hits=1, misses=2, fetched=2, bytes_filled=20)
+    assert before + (st - before) == st and (st - before).hit_rate == pytest.approx(1 / 3)
+
+
+def test_host_and_device_tables_share_one_interface():
+    """Both residency tables implement ResidencyTables with the same results for loading,
+    reserving and releasing prefill buffers and counting misses."""
+    from engine.moe.tables import DeviceTables, HostTables, ResidencyTables
+    L, E, S = 2, 4, 6
+    got = []
+    for t in (HostTables(S, L * E, L), DeviceTables(S, L * E, E, torch.device("cpu"))):
+        assert isinstance(t, ResidencyTables)
+        t.install_block(0, 0, E)
+        steps = [t.owned, t.missing([[0, 1], [2, 5]], 0), t.missing([[0, 1]], E)]
+        reserved = t.reserve(3)  # none used yet: the lowest slots, owners evicted
+        steps += [sorted(reserved), t.owned, t.missing([[0, 1, 2, 3]], 0)]
+        t.release(reserved)
+        steps.append(t.plan([[0, 1]], E, 1.0)[1:])  # fills go to the released slots first
+        got.append(steps)
+    assert got[0] == got[1]
+
+
 def test_long_prefill_keeps_the_decode_working_set(tiny_model):
     """A long prompt scans nearly every expert; its fills enter cold, so the experts the running
     decode uses stay resident. A short follow-up runs like decode (here: the q* split)."""
@@ -141,7 +176,7 @@ def test_long_prefill_keeps_the_decode_working_set(tiny_model):
     from engine.scheduler import Scheduler, Sequence
     _, _, ftw = tiny_model("qwen3_moe")
     e = load(ftw, expert_budget=14 * load(ftw).runtime.store.layout.slot_bytes, moe_policy="adaptive")
-    e.runtime.set_bandwidths(1.0, 1.0, online=False)
+    e.runtime.qstar.start(1.0, 1.0, online=False)
     sched = Scheduler(e, set(), 2, 512, prefix_cache=False)
     g = torch.Generator().manual_seed(11)
     chat = Sequence(torch.randint(0, 256, (6,), generator=g).tolist(), SamplingParams(max_tokens=40))

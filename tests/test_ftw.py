@@ -1,4 +1,4 @@
-"""FTW v1 writer/reader: bit-exact round trips, alignment, O_DIRECT and fallback, and every
+"""FTW writer/reader: bit-exact round trips, alignment, O_DIRECT and fallback, and every
 validation error a user can hit (each a single actionable line)."""
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_graph_decode_matches_eager(tiny_model, policy):
     outs = []
     for graph in (False, True):
         e = load(ftw, device="cuda", graph=graph, expert_budget=9 * slot, moe_policy=policy)
-        e.runtime.set_bandwidths(1.0, 1.0, online=False)
+        e.runtime.qstar.start(1.0, 1.0, online=False)
         outs.append(greedy(e, prompt, 24))
         e.runtime.sync_stats()
         if graph:
@@ -58,3 +58,32 @@ def test_graph_decode_matches_eager(tiny_model, policy):
             assert (st.cpu > 0) == (policy != "fetch")
         e.runtime.close()
     assert outs[0] == outs[1]
+
+
+@pytest.mark.gpu
+def test_graphs_capture_batch_sizes_on_first_use(tiny_model):
+    """Batch sizes 1 and max_running are captured at load, the others on their first step; streams
+    joining and leaving decode as eager decode does, and no capture's warm-up steps (dummy tokens)
+    reach the counters or the live sequences' KV."""
+    from engine.config import SamplingParams
+    from engine.scheduler import Scheduler, Sequence
+    _, _, ftw = tiny_model("qwen3_moe")
+    prompts = [torch.randint(0, 256, (12 + i,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(3)]
+    outs, routed = [], []
+    for graph in (False, True):
+        e = load(ftw, device="cuda", graph=graph, max_running=4, moe_policy="fetch")
+        if graph:
+            assert sorted(e.graphs.graphs) == [1, 4]
+        sched = Scheduler(e, set(), 4, 2048, prefix_cache=False)
+        seqs = [Sequence(list(p), SamplingParams(max_tokens=8 + 4 * i)) for i, p in enumerate(prompts)]
+        for s in seqs:
+            sched.add(s)
+        while sched.busy:
+            sched.step()
+        outs.append([s.output for s in seqs])
+        e.runtime.sync_stats()
+        routed.append(e.runtime.cache.stats.hits + e.runtime.cache.stats.misses)  # distinct experts per layer step
+        if graph:
+            assert sorted(e.graphs.graphs) == [1, 2, 3, 4] and e.graphs.replays > 0
+        e.runtime.close()
+    assert outs[0] == outs[1] and routed[0] == routed[1]

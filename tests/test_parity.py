@@ -19,26 +19,26 @@ def rel_err(a, b):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_and_greedy_match_transformers(tiny_model, arch, fused):
     ref, _, ftw = tiny_model(arch, fused)
-    engine = load(ftw)
+    runner = load(ftw)
     ids = prompt()
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0]
         want_tokens = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                                    eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
-    assert rel_err(prefill_logits(engine, ids), want) < 1e-4
-    assert greedy(engine, ids, 32) == want_tokens
+    assert rel_err(prefill_logits(runner, ids), want) < 1e-4
+    assert greedy(runner, ids, 32) == want_tokens
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_incremental_decode_equals_full_prefill(tiny_model, arch):
-    engine = load(tiny_model(arch)[2])
+    runner = load(tiny_model(arch)[2])
     ids = prompt(40, seed=2)
-    full = prefill_logits(engine, ids)
-    pages = engine.kv.alloc(3)
+    full = prefill_logits(runner, ids)
+    pages = runner.kv.alloc(3)
     step_logits = []
     # prefill 16 tokens in chunks of 7, 9, then decode the rest one token at a time
     cuts = [0, 7, 16] + list(range(17, 41))
     for a, b in zip(cuts, cuts[1:]):
-        batch = ForwardBatch.build([(ids[a:b], a, pages)], engine.kv.page_size, engine.device, all_logits=True)
-        step_logits.append(engine.model(batch, engine.kv))
+        batch = ForwardBatch.build([(ids[a:b], a, pages)], runner.kv.page_size, runner.device, all_logits=True)
+        step_logits.append(runner.model(batch, runner.kv))
     assert rel_err(torch.cat(step_logits), full) < 1e-5

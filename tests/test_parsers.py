@@ -203,6 +203,45 @@ def test_qwen3_coder_no_parameters_and_json_under_hermes_name():
     check('<tool_call>{"name": "now"}</tool_call>', "qwen3_coder", None, ("", "", [("now", {})]))
 
 
+# --- glm45 ----------------------------------------------------------------------------------
+
+GLM = """<think>The user wants Beijing's weather.</think>
+Let me check.
+<tool_call>get_weather
+<arg_key>city</arg_key>
+<arg_value>北京</arg_value>
+<arg_key>days</arg_key>
+<arg_value>3</arg_value>
+<arg_key>options</arg_key>
+<arg_value>{"unit": "c", "hourly": [true, null]}</arg_value>
+<arg_key>note</arg_key>
+<arg_value>a </tool_call> and a </arg_value> inside</arg_value>
+</tool_call>
+<tool_call>now</tool_call><tool_call>read<arg_key>path</arg_key><arg_value>a.py</arg_value></tool_call>"""
+GLM_CALLS = [("get_weather", {"city": "北京", "days": 3, "options": {"unit": "c", "hourly": [True, None]},
+                              "note": "a </tool_call> and a </arg_value> inside"}),
+             ("now", {}), ("read", {"path": "a.py"})]
+
+
+def test_glm45_calls_split_everywhere():
+    """GLM-4.5's newline-separated layout and GLM-4.7's compact one, a call without arguments, and
+    closing tags inside a value, at every split of the text."""
+    check(GLM, "glm45", "think", ("The user wants Beijing's weather.", "Let me check.", GLM_CALLS))
+
+
+@pytest.mark.parametrize("body", [
+    "two words<arg_key>a</arg_key><arg_value>1</arg_value>",   # not a function name
+    "f<arg_key>a</arg_key>",                                    # a key without its value
+    "f<arg_value>1</arg_value>",                                # a value without its key
+    "f<arg_key>a</arg_key><arg_value>1</arg_value> trailing",   # text after the arguments
+    "<arg_key>a</arg_key><arg_value>1</arg_value>",             # no name
+    "f\n<arg_key>a</arg_key>\n<arg_value>unterminated",        # value still open at the end
+])
+def test_glm45_malformed_call_degrades_to_text(body):
+    out = f"Try:\n<tool_call>{body}</tool_call>\nafter"
+    check(out, "glm45", None, ("", out, []))
+
+
 # --- harmony ---------------------------------------------------------------------------------
 
 H_FINAL = ("<|channel|>analysis<|message|>User says hi. Reply briefly.<|end|>"
@@ -271,12 +310,15 @@ QWEN3 = ("{%- if tools %}<tools>...</tools> For each function call, return a jso
          "within <tool_call></tool_call> XML tags ... <think>\\n\\n</think>")
 QWEN3_CODER = "<tool_call>\\n<function=example_function_name>\\n<parameter=example_parameter_1>"
 GPT_OSS = "<|start|>assistant<|channel|>final<|message|>"
+GLM45 = ("<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>"
+         "...</tool_call>{%- endif -%} ... <think></think>")
 
 
 @pytest.mark.parametrize("template, model_type, expected", [
     (QWEN3, "qwen3_moe", ("hermes", "think")),
     (QWEN3_CODER, "qwen3_moe", ("qwen3_coder", None)),
     (GPT_OSS, None, ("harmony", "harmony")),
+    (GLM45, "glm4_moe", ("glm45", "think")),
     (None, "gpt_oss", ("harmony", "harmony")),
     ("{{ bos_token }}<think>{{ message }}", "deepseek_v3", (None, "think")),
     ("<|im_start|>{{ message }}<|im_end|>", "mixtral", (None, None)),
@@ -309,8 +351,9 @@ FRAGMENTS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<", "</", "<
              "<function=g>", "</function>", "<parameter=p>", "</parameter>", "\n1\n", "<|start|>",
              "assistant", "<|channel|>", "analysis", "final", " to=functions.h",
              "<|constrain|>json", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "{}", "<|",
-             "|>"]
+             "|>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "f", "[1]"]
 CONFIGS = [("hermes", "think", {}), ("qwen3_coder", "think", {"starts_in_reasoning": True}),
+           ("glm45", "think", {}), ("glm45", None, {}),
            ("harmony", "harmony", {}), ("harmony", None, {}), ("hermes", None, {})]
 
 
@@ -323,5 +366,5 @@ def test_random_fragments_split_invariant(tool, reasoning, kw):
         cut = rng.randint(1, max(1, len(text) - 1))
         for chunks in (list(text), [text[:cut], text[cut:]]):
             assert run(chunks, tool, reasoning, **kw) == whole, text
-        if tool == "hermes" and reasoning is None and not whole[2]:
+        if tool in ("hermes", "glm45") and reasoning is None and not whole[2]:
             assert whole[1] == text  # no call found: every character comes back as text

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import greedy, load
 
-from engine.moe.estimator import BandwidthEstimator
+from engine.moe.qstar import BandwidthEstimator
 
 POLICIES = ["fetch", "cpu", "adaptive", "static:1", "static:3"]
 
@@ -20,7 +20,7 @@ def test_policies_give_identical_tokens(tiny_model, slots, graph):
     slot_bytes = load(ftw).runtime.store.layout.slot_bytes
     for policy in POLICIES:
         e = load(ftw, expert_budget=slots * slot_bytes, moe_policy=policy, graph=graph)
-        e.runtime.set_bandwidths(1.0, 1.0, online=False)  # q* = 0.5: half the misses on each side
+        e.runtime.qstar.start(1.0, 1.0, online=False)  # q* = 0.5: half the misses on each side
         assert greedy(e, prompt, 16) == want, policy
         e.runtime.sync_stats()
         st = e.runtime.cache.stats
@@ -44,7 +44,7 @@ def test_device_control_matches_eager_decisions(tiny_model):
     runs = []
     for graph in (False, True):
         e = load(ftw, expert_budget=9 * load(ftw).runtime.store.layout.slot_bytes, moe_policy="adaptive", graph=graph)
-        e.runtime.set_bandwidths(1.0, 2.0, online=False)
+        e.runtime.qstar.start(1.0, 2.0, online=False)
         out = greedy(e, prompt, 20)
         e.runtime.sync_stats()
         t = e.runtime.cache.tables
@@ -59,7 +59,7 @@ def test_adaptive_split_follows_q(tiny_model):
     shares = []
     for q_bp in (0.25, 4.0):  # q* = 0.2, then 0.8
         e = load(ftw, expert_budget=8 * load(ftw).runtime.store.layout.slot_bytes, moe_policy="adaptive")
-        e.runtime.set_bandwidths(q_bp, 1.0, online=False)
+        e.runtime.qstar.start(q_bp, 1.0, online=False)
         before = e.runtime.cache.stats.fetched
         greedy(e, prompt, 24)
         st = e.runtime.cache.stats
@@ -78,30 +78,56 @@ def test_estimator_moves_q_under_contention():
     assert est.q_star > 0.75
 
 
+def test_q_star_starts_from_the_profile_and_follows_or_holds():
+    """A profile's concurrent bandwidths (or the solo ones) start q*; without a GPU B_P starts
+    at 1 B/s, so a recurring miss is still fetched; follow(False) holds the start's q*,
+    follow(True) resumes the online estimates."""
+    from engine.moe.qstar import QStar
+    from kernels.ref import split_fetch
+    qs = QStar(store=None, cpu=None)
+    assert qs.value == 1.0 and qs.estimator is None                  # no bandwidths yet: fetch
+    prof = {"h2d_gbps": 50.0, "cpu_expert_gbps": 30.0, "h2d_concurrent_gbps": 40.0, "cpu_expert_concurrent_gbps": 10.0}
+    qs.use_profile(prof, concurrent=False)
+    assert qs.value == pytest.approx(50 / 80)
+    qs.use_profile(prof)
+    assert qs.value == pytest.approx(0.8)
+    qs.estimator.cpu(40 << 20, (40 << 20) / 40e9)                    # the CPU got faster
+    qs.update()
+    online = qs.value
+    assert online < 0.8
+    qs.follow(False)
+    assert qs.value == pytest.approx(0.8) and qs.estimator is None
+    qs.follow(True)
+    assert qs.value == online
+    qs.use_profile({**prof, "h2d_concurrent_gbps": None})
+    assert 0 < qs.value < 1e-9 and split_fetch(3, qs.value, recurring=True) == 1
+
+
 def test_probe_times_the_cpu_when_no_step_uses_it(tiny_model):
     """Graph decode whose steps send nothing to the CPU (its B_H looked too low) times one expert
     there after PROBE_STEPS steps, off the critical path, and folds it into B_H; steps with CPU
     jobs never probe."""
     from types import SimpleNamespace
 
-    from engine.moe import runtime as rt_mod
+    from engine.moe import qstar as qstar_mod
     _, _, ftw = tiny_model("qwen3_moe")
     rt = load(ftw, moe_policy="adaptive").runtime
-    rt.estimator = BandwidthEstimator(50e9, 1e3, min_bytes=0)          # the CPU looked almost stalled
+    qs = rt.qstar
+    qs.estimator = BandwidthEstimator(50e9, 1e3, min_bytes=0)          # the CPU looked almost stalled
     experts = [0]
     rt.device_ctl = SimpleNamespace(poller=SimpleNamespace(stats=lambda: (experts[0], experts[0], 1.0, 0, 0.0)),
-                                    set_q=lambda policy: None, close=lambda: None)
-    for _ in range(rt_mod.PROBE_STEPS):
+                                    set_q=lambda: None, close=lambda: None)
+    for _ in range(qstar_mod.PROBE_STEPS):
         rt.before_step()
-    assert rt._probe is not None and rt.estimator.b_h == 1e3          # submitted, not yet folded in
-    q0 = rt.policy.q_star
-    rt._probe.wait()
+    assert qs._probe is not None and qs.estimator.b_h == 1e3          # submitted, not yet folded in
+    q0 = qs.value
+    qs._probe.wait()
     rt.before_step()
-    assert rt._probe is None and rt.estimator.b_h > 1e3 and rt.policy.q_star < q0
+    assert qs._probe is None and qs.estimator.b_h > 1e3 and qs.value < q0
     experts[0] = 1                                                      # a CPU job every step
-    for _ in range(3 * rt_mod.PROBE_STEPS):
+    for _ in range(3 * qstar_mod.PROBE_STEPS):
         rt.before_step()
-        assert rt._probe is None
+        assert qs._probe is None
 
 
 def test_profile_json():
@@ -151,7 +177,7 @@ def test_trace_replay_follows_tokens(tmp_path):
     """Every MoE layer sees the trace row of each token, in order, cycling at the end."""
     import numpy as np
 
-    from engine.moe.routing import make_routing
+    from engine.moe.replay import make_routing
     trace = np.random.default_rng(0).integers(0, 16, (5, 3, 2)).astype(np.int16)   # [tokens, layers, K]
     np.save(tmp_path / "t.npy", trace)
     replay = make_routing(f"trace:{tmp_path / 't.npy'}", 2, 16, 2)
@@ -166,11 +192,15 @@ def test_trace_replay_follows_tokens(tmp_path):
 
 def test_decode_bound_splits_the_misses_ideally():
     """The bound does not reward a lopsided split: both sides' bytes at the two bandwidths together."""
-    from benchmarks.decode import bound
+    from engine.bench.decode import bound
     prof = {"h2d_gbps": 50.0, "h2d_concurrent_gbps": 40.0, "cpu_expert_gbps": 70.0, "cpu_expert_concurrent_gbps": 60.0}
     hbm = 1e9  # GB/s: the GPU's own bytes cost ~nothing here
-    lopsided, even = ({"bytes_filled": f, "bytes_cpu": 10e9 - f, "hit_bytes": 0} for f in (9e9, 4e9))
+    lopsided, even = ({"bytes_filled": f, "bytes_cpu": 10e9 - f, "hit_bytes": 0, "kv_bytes": 0, "batch": 1}
+                      for f in (9e9, 4e9))
     assert bound(lopsided, prof, 0, hbm) == pytest.approx(bound(even, prof, 0, hbm), rel=1e-6)
     assert bound(even, prof, 0, hbm) == pytest.approx(10.0, rel=1e-6)          # 10 GB at 100 GB/s
-    fetch_only = {"bytes_filled": 10e9, "bytes_cpu": 0, "hit_bytes": 0}
+    fetch_only = {"bytes_filled": 10e9, "bytes_cpu": 0, "hit_bytes": 0, "kv_bytes": 0, "batch": 1}
     assert bound(fetch_only, prof, 0, hbm) == pytest.approx(5.0, rel=1e-6)    # solo B_P
+    # a step of B streams reads the dense weights once: with nothing else, B times the tokens
+    one, four = ({"bytes_filled": 0, "bytes_cpu": 0, "hit_bytes": 0, "kv_bytes": 0, "batch": b} for b in (1, 4))
+    assert bound(four, prof, 1e9, hbm) == pytest.approx(4 * bound(one, prof, 1e9, hbm), rel=1e-6)

@@ -5,10 +5,10 @@ import torch
 from conftest import load, prefill_logits
 
 
-def empty_cache(engine):
+def empty_cache(runner):
     """Evict every expert (the budget holds them all, so they were preloaded)."""
-    t = engine.runtime.cache.tables
-    t.release(t.reserve(engine.runtime.cache.n_slots))
+    t = runner.runtime.cache.tables
+    t.release(t.reserve(runner.runtime.cache.n_slots))
 
 
 @pytest.mark.parametrize("mode", ["stream", "routed", "adaptive"])
@@ -18,7 +18,7 @@ def test_prefill_modes_match_plain_prefill(tiny_model, mode):
     want = prefill_logits(load(ftw), ids)
     e = load(ftw, prefill_mode=mode, moe_policy="fetch")
     empty_cache(e)
-    e.runtime.set_bandwidths(1e6, 1.0)  # a fast link: adaptive streams whenever a layer misses
+    e.runtime.qstar.start(1e6, 1.0)  # a fast link: adaptive streams whenever a layer misses
     first = prefill_logits(e, ids)
     second = prefill_logits(e, ids)  # buffers were returned and reused
     assert torch.equal(first, want) and torch.equal(second, want)
@@ -36,7 +36,7 @@ def test_adaptive_streams_only_when_the_link_hides_behind_compute(tiny_model):
         e = load(ftw, prefill_mode="adaptive", moe_policy="fetch")
         t = e.runtime.cache.tables
         t.release(t.reserve(4))  # half of layer 0's experts leave the cache; the rest stay
-        e.runtime.set_bandwidths(b_p, 1.0)
+        e.runtime.qstar.start(b_p, 1.0)
         prefill_logits(e, ids)
         streamed.append(e.runtime.cache.stats.stream_layers)
     # layer 0 missed 4 of 8 experts: streaming layer 1 moves 4 extra experts, worth it only when
@@ -70,7 +70,7 @@ def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
     e = load(ftw, prefill_mode="adaptive", moe_policy="fetch")
     rt = e.runtime
     per_expert = 1e-3                                     # s to fetch one expert
-    rt.set_bandwidths(rt.store.layout.slot_bytes / per_expert / 1e9, 1.0)
+    rt.qstar.start(rt.store.layout.slot_bytes / per_expert / 1e9, 1.0)
     st, E, now, loaded = rt.streamer, rt.cache.n_experts, [0.0], []
     monkeypatch.setattr(st, "cuda", False)  # the host clock, scripted, instead of CUDA events
     monkeypatch.setattr(prefill, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))

@@ -40,7 +40,7 @@ class Live:
 
     @property
     def tokenizer(self):
-        return self.app.state.server.engine.tokenizer
+        return self.app.state.server.batcher.tokenizer
 
     def forced_ids(self, text: str) -> list[int]:
         return self.tokenizer.tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
@@ -466,7 +466,7 @@ def test_cli_rejects_bad_parser_before_loading():
 
 
 def test_parser_choice():
-    from engine.server.app import choose_parsers
+    from engine.server.state import choose_parsers
     chatml = "{{ '<|im_start|>' + message['content'] }}"
     qwen3 = "{{ '<tool_call>' }} {{ '<think>' }}"
     assert choose_parsers("auto", "auto", chatml, "qwen3_moe") == (None, None)

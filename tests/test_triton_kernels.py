@@ -14,10 +14,12 @@ if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported
 pytest.importorskip("triton")
 
+from engine.moe.layout import SlotLayout  # noqa: E402
 from kernels import ref  # noqa: E402
 from kernels.attention_triton import paged_decode_attention  # noqa: E402
+from kernels.mla_triton import mla_decode_attention  # noqa: E402
 from kernels.moe_gemm_triton import moe_experts_gemm  # noqa: E402
-from kernels.moe_triton import moe_experts, moe_experts_auto, slot_views  # noqa: E402
+from kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
 from kernels.plan_triton import plan  # noqa: E402
 from kernels.quant import QWeight, quantize  # noqa: E402
 from kernels.router_triton import route  # noqa: E402
@@ -109,22 +111,28 @@ def test_moe_experts_decode_shape_gpu(dtype):
 
 
 # ---------------------------------------------------------------- moe_experts, quantized weights
-def _qweight(fmt, S, N, K, group, symmetric, scale_dtype, pooled, gen):
-    """S random experts [N, K], each quantize()d (on DEV); the parts stacked, or copied into a
-    padded byte-row pool (slot-strided views); and the dequantized fp32 weights [S, N, K] (CPU)."""
-    parts = [quantize(fmt, (torch.randn(N, K, generator=gen) * 0.3).to(DEV), group, scale_dtype,
-                      symmetric) for _ in range(S)]
-    q, s, z = (None if p[0] is None else torch.stack(p) for p in zip(*(p[:3] for p in parts)))
-    qw = QWeight(fmt, q, s, z, parts[0][3])
-    deq = torch.stack([qw.dequant(i) for i in range(S)]).cpu()
+def _qexperts(fmt, S, H, I, group, symmetric, scale_dtype, pooled, gen):
+    """S random experts (gate_up [2I, H], down [H, I]), each weight quantize()d on DEV: QWeights
+    of the stacked parts, or of views into the rows of the slot cache's layout (SlotLayout), and
+    the dequantized fp32 weights [S, N, K] (CPU)."""
+    parts = {w: [quantize(fmt, (torch.randn(n, k, generator=gen) * 0.3).to(DEV), group,
+                          scale_dtype, symmetric) for _ in range(S)]
+             for w, (n, k) in (("gate_up", (2 * I, H)), ("down", (H, I)))}
+    qws = {}
+    for w, ps in parts.items():
+        q, s, z = (None if t[0] is None else torch.stack(t) for t in zip(*(p[:3] for p in ps)))
+        qws[w] = QWeight(fmt, q, s, z, ps[0][3])
+    deq = tuple(torch.stack([q.dequant(i) for i in range(S)]).cpu() for q in qws.values())
     if pooled:
-        have = [t for t in (q, s, z) if t is not None]
-        views = slot_views(S, [(tuple(t.shape[1:]), t.dtype) for t in have], DEV)
-        for v, t in zip(views, have):
-            v.copy_(t)
-        assert views[0].stride(0) > views[0][0].numel()
-        qw = QWeight(fmt, views[0], views[1], views[2] if z is not None else None, qw.block)
-    return qw, deq
+        layout = SlotLayout.for_qweights(fmt, {w: ps[0] for w, ps in parts.items()})
+        views = layout.views(torch.zeros(S, layout.slot_bytes, dtype=torch.uint8, device=DEV))
+        for w, q in qws.items():
+            for v, t in zip((views[w].q, views[w].s, views[w].z), (q.q, q.s, q.z)):
+                if t is not None:
+                    v.copy_(t)
+        assert views["gate_up"].q.stride(0) > views["gate_up"].q[0].numel()
+        qws = views
+    return (qws["gate_up"], qws["down"]), deq
 
 
 QUANT = [("int4", True), ("int4", False), ("int8", True), ("int8", False), ("fp8", True),
@@ -141,8 +149,7 @@ def test_moe_experts_quantized_matches_ref(fmt, symmetric, T, xdt, blocks, poole
     gen = torch.Generator().manual_seed(5)
     K, H, I, S = 4, 96, 64, 5
     scale_dtype = torch.float16 if symmetric else torch.float32
-    wgu, dgu = _qweight(fmt, S, 2 * I, H, 32, symmetric, scale_dtype, pooled, gen)
-    wd, dd = _qweight(fmt, S, H, I, 32, symmetric, scale_dtype, pooled, gen)
+    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 32, symmetric, scale_dtype, pooled, gen)
     x = torch.randn(T, H, generator=gen).to(xdt)
     slots = torch.stack([torch.randperm(S, generator=gen)[:K] for _ in range(T)])
     slots[0, 0] = -1
@@ -161,8 +168,7 @@ def test_moe_experts_quantized_matches_ref(fmt, symmetric, T, xdt, blocks, poole
 def test_moe_experts_quantized_dead_routes_and_auto():
     gen = torch.Generator().manual_seed(6)
     T, K, H, I, S = 2, 2, 64, 32, 3
-    wgu, dgu = _qweight("int4", S, 2 * I, H, 16, False, torch.float16, True, gen)
-    wd, dd = _qweight("int4", S, H, I, 16, False, torch.float16, True, gen)
+    (wgu, wd), (dgu, dd) = _qexperts("int4", S, H, I, 16, False, torch.float16, True, gen)
     x = torch.randn(T, H, generator=gen)
     slots = torch.full((T, K), -1, dtype=torch.int64)
     w = torch.full((T, K), float("nan"))                      # must not leak from dead routes
@@ -182,8 +188,7 @@ def test_moe_experts_quantized_decode_shape_gpu(fmt, symmetric, scale_dtype):
     """bf16 x at the Qwen3-30B-A3B expert shape, pooled slots, groups of 128."""
     gen = torch.Generator().manual_seed(7)
     T, K, H, I, S = 4, 8, 2048, 768, 10
-    wgu, dgu = _qweight(fmt, S, 2 * I, H, 128, symmetric, scale_dtype, True, gen)
-    wd, dd = _qweight(fmt, S, H, I, 128, symmetric, scale_dtype, True, gen)
+    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 128, symmetric, scale_dtype, True, gen)
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
     slots = torch.randint(-1, S, (T, K), generator=gen)
     w = torch.rand(T, K, generator=gen)
@@ -201,8 +206,7 @@ def test_moe_experts_gemm_matches_ref(fmt, symmetric, xdt, blocks, pooled):
     _need(xdt)
     gen = torch.Generator().manual_seed(8)
     T, K, H, I, S = 24, 4, 96, 64, 5
-    wgu, dgu = _qweight(fmt, S, 2 * I, H, 32, symmetric, torch.float16, pooled, gen)
-    wd, dd = _qweight(fmt, S, H, I, 32, symmetric, torch.float16, pooled, gen)
+    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 32, symmetric, torch.float16, pooled, gen)
     x = torch.randn(T, H, generator=gen).to(xdt)
     slots = torch.randint(-1, S, (T, K), generator=gen)
     w = torch.rand(T, K, generator=gen)
@@ -219,8 +223,7 @@ def test_moe_experts_gemm_matches_ref(fmt, symmetric, xdt, blocks, pooled):
 def test_moe_experts_gemm_prefill_shape_gpu(fmt, symmetric):
     gen = torch.Generator().manual_seed(9)
     T, K, H, I, S = 512, 8, 2048, 768, 16
-    wgu, dgu = _qweight(fmt, S, 2 * I, H, 128, symmetric, torch.bfloat16, True, gen)
-    wd, dd = _qweight(fmt, S, H, I, 128, symmetric, torch.bfloat16, True, gen)
+    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 128, symmetric, torch.bfloat16, True, gen)
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
     slots = torch.randint(-1, S, (T, K), generator=gen)
     w = torch.rand(T, K, generator=gen)
@@ -274,6 +277,43 @@ def test_paged_decode_attention_long_gpu(dtype):
                                  torch.tensor(lens, dtype=torch.int32, device=DEV), 128 ** -0.5)
     _close(out, ref.paged_attention(q.float(), k.float(), v.float(), pt, [1] * 4, lens,
                                     128 ** -0.5), dtype)
+
+
+# ---------------------------------------------------------------- MLA decode attention
+def _mla_case(B, Hq, C, R, page, lens, dtype, gen):
+    """Latent rows [P, page, 1, C + R] behind a shuffled page table (NaN past each sequence's
+    end), and latent-space queries [B, Hq, C + R]."""
+    (q, k, _), pt = _attn_case(B, Hq, 1, C + R, page, lens, torch.float32, gen)
+    return q.to(dtype), k.to(dtype), pt
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,Hq,C,R,page,lens,n_split", [
+    (3, 5, 32, 8, 4, [1, 13, 32], None), (3, 5, 32, 8, 4, [1, 13, 32], 1),
+    (2, 20, 48, 16, 16, [40, 7], 3), (1, 16, 64, 16, 8, [77], 2)])
+def test_mla_decode_attention_matches_ref(dtype, B, Hq, C, R, page, lens, n_split):
+    """Head blocks with a ragged tail (5, 20 heads), latent and rope widths that are not powers
+    of two, splits of the context, NaN in the unused rows of each last page."""
+    _need(dtype)
+    gen = torch.Generator().manual_seed(5)
+    q, kv, pt = _mla_case(B, Hq, C, R, page, lens, dtype, gen)
+    scale = 0.3
+    out = mla_decode_attention(q.to(DEV), kv.to(DEV), pt.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV),
+                               scale, C, n_split=n_split)
+    ref32 = ref.latent_attention(q.float(), kv.float(), pt, [1] * B, lens, scale, C)
+    assert out.dtype == dtype and out.shape == (B, Hq, C)
+    _close(out, ref32, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mla_decode_attention_deepseek_shape_gpu(dtype):
+    gen = torch.Generator().manual_seed(6)
+    lens = [4096, 1, 2500, 777]
+    q, kv, pt = _mla_case(4, 128, 512, 64, 16, lens, dtype, gen)
+    out = mla_decode_attention(q.to(DEV), kv.to(DEV), pt.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV),
+                               192 ** -0.5, 512)
+    _close(out, ref.latent_attention(q.float(), kv.float(), pt, [1] * 4, lens, 192 ** -0.5, 512), dtype)
 
 
 # ---------------------------------------------------------------- plan
@@ -383,21 +423,30 @@ def test_plan_split_fetch_and_capacity():
 
 # ---------------------------------------------------------------- router
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,E,K,scoring,norm,scaling,bias", [
-    (1, 128, 8, "softmax", True, 1.0, False), (5, 60, 4, "softmax", False, 1.0, False),
-    (3, 256, 8, "sigmoid", True, 2.5, True), (7, 8, 2, "sigmoid", False, 1.0, False)])
-def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias):
+@pytest.mark.parametrize("T,E,K,scoring,norm,scaling,bias,groups", [
+    (1, 128, 8, "softmax", True, 1.0, False, None), (5, 60, 4, "softmax", False, 1.0, False, None),
+    (3, 256, 8, "sigmoid", True, 2.5, True, None), (7, 8, 2, "sigmoid", False, 1.0, False, None),
+    (4, 256, 8, "sigmoid", True, 2.5, True, (8, 4, "top2")),      # DeepSeek-V3 noaux_tc
+    (3, 12, 3, "sigmoid", True, 1.5, True, (3, 2, "top2")),        # groups of 4 (not a power of two: 3)
+    (5, 160, 6, "softmax", False, 16.0, False, (8, 3, "max")),     # DeepSeek-V2 group_limited_greedy
+    (2, 20, 3, "softmax", False, 1.0, False, (5, 1, "max"))])
+def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias, groups):
     from engine.models.base import RouterSpec
     from engine.moe.router import route_ref
     _need(dtype)
     gen = torch.Generator().manual_seed(T * E)
     logits = (torch.randn(T, E, generator=gen) * 2).to(dtype)
     b = torch.randn(E, generator=gen) * 0.1 if bias else None
-    spec = RouterSpec(top_k=K, scoring=scoring, norm_topk_prob=norm, scaling=scaling)
+    n_group, topk_group, group_score = groups or (1, 1, "top2")
+    spec = RouterSpec(top_k=K, scoring=scoring, norm_topk_prob=norm, scaling=scaling, bias=bias,
+                      n_group=n_group, topk_group=topk_group, group_score=group_score)
     w_ref, ids_ref = route_ref(logits, spec, b)
-    w, ids = route(logits.to(DEV), K, scoring, norm, scaling, None if b is None else b.to(DEV))
+    w, ids = route(logits.to(DEV), K, scoring, norm, scaling, None if b is None else b.to(DEV),
+                   n_group, topk_group, group_score)
     assert torch.equal(ids.cpu(), ids_ref) and w.dtype == dtype
     _close(w, w_ref.float(), dtype)
+    if groups:  # every chosen expert lies in one of topk_group groups
+        assert all(len(set((row // (E // n_group)).tolist())) <= topk_group for row in ids.cpu())
 
 
 # ---------------------------------------------------------------- attention prologue

@@ -23,13 +23,34 @@ def hf_config(arch: str, **kw):
         return tf.MixtralConfig(**{**base, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2)
     if arch == "olmoe":
         return tf.OlmoeConfig(**base, num_experts=8, num_experts_per_tok=2, clip_qkv=4.0)
+    mla = {**base, "num_key_value_heads": 4, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+           "v_head_dim": 12, "moe_intermediate_size": 32, "num_experts_per_tok": 3, "first_k_dense_replace": 1}
+    yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128)
+    if arch == "deepseek_v3":  # mscale != mscale_all_dim: both the rotary and the softmax scale move
+        return tf.DeepseekV3Config(**{**mla, "q_lora_rank": 24, "n_routed_experts": 16, "n_group": 4, "topk_group": 2,
+                                      "n_shared_experts": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+                                      "rope_parameters": {**yarn, "mscale": 0.8, "mscale_all_dim": 1.0}, **kw})
+    if arch == "deepseek_v2":  # V2-Lite's plain q_proj and mscale, V2's group-limited softmax routing
+        return tf.DeepseekV2Config(**{**mla, "num_attention_heads": 8, "num_key_value_heads": 8}, q_lora_rank=None,
+                                   n_routed_experts=12, n_group=3, topk_group=2, topk_method="group_limited_greedy",
+                                   n_shared_experts=1, routed_scaling_factor=1.5, attention_bias=True,
+                                   rope_parameters={**yarn, "mscale": 0.707, "mscale_all_dim": 0.707})
+    if arch == "glm4_moe":
+        return tf.Glm4MoeConfig(**{**base, "num_attention_heads": 6}, head_dim=16, partial_rotary_factor=0.5,
+                                use_qk_norm=True, attention_bias=True, n_routed_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+                                n_group=2, topk_group=1, routed_scaling_factor=1.5)
     raise ValueError(arch)
 
 
 def perturb_(model: torch.nn.Module, seed: int = 0) -> None:
+    """Noise on every constant-valued tensor the checkpoint holds (parameters and saved buffers,
+    such as DeepSeek's e_score_correction_bias)."""
     g = torch.Generator().manual_seed(seed)
+    saved = model.state_dict(keep_vars=True).values()
+    buffers = [b for _, b in model.named_buffers() if any(b is t for t in saved)]
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in [p for _, p in model.named_parameters()] + buffers:
             if p.numel() and (p == p.flatten()[0]).all():
                 p.add_(torch.randn(p.shape, generator=g) * 0.1)
 

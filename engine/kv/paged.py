@@ -8,13 +8,14 @@ from engine.errors import UserError
 
 
 class KVPool:
-    """k, v: [L, P, page, Hkv, D]. Page 0..P-1 are owned through `alloc`/`release`."""
+    """k, v: [L, P, page, Hkv, D]; without values (MLA's latent rows, which attention reads as
+    both) v is None. Page 0..P-1 are owned through `alloc`/`release`."""
 
     def __init__(self, n_layers: int, n_pages: int, page_size: int, n_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device):
+                 head_dim: int, dtype: torch.dtype, device: torch.device, values: bool = True):
         shape = (n_layers, n_pages, page_size, n_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device) if values else None
         self.page_size = page_size
         self.n_pages = n_pages
         self.refs = [0] * n_pages
@@ -22,7 +23,7 @@ class KVPool:
 
     @property
     def bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return (1 if self.v is None else 2) * self.k.numel() * self.k.element_size()
 
     @property
     def used(self) -> int:
@@ -48,7 +49,8 @@ class KVPool:
             if self.refs[p] == 0:
                 self.free.append(p)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        """k, v [T, Hkv, D] into flat token slots [T] (page * page_size + offset)."""
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor | None, slots: torch.Tensor) -> None:
+        """k, v [T, Hkv, D] (v None without values) into flat token slots [T] (page * page_size + offset)."""
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
-        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+        if v is not None:
+            self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)

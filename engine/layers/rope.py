@@ -10,16 +10,17 @@ from engine.errors import UserError
 from engine.layers.fuse import fused
 
 
+def yarn_mscale(scale: float, m: float = 1.0) -> float:
+    """YaRN's attention magnitude correction for a context extended `scale` times."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
 def _yarn(rp: dict, dim: int, base: float) -> tuple[torch.Tensor, float]:
     factor, orig = rp["factor"], rp["original_max_position_embeddings"]
-
-    def mscale(scale, m=1.0):
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     attn = rp.get("attention_factor")
     if attn is None:
         m, m_all = rp.get("mscale"), rp.get("mscale_all_dim")
-        attn = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        attn = yarn_mscale(factor, m) / yarn_mscale(factor, m_all) if m and m_all else yarn_mscale(factor)
 
     def corr(rot):  # dimension index at which `rot` rotations fit in the original context
         return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))

@@ -1,5 +1,6 @@
-"""Architecture registry: one module per HF `model_type`, each exposing `config(hf) -> ModelConfig`
-and `RENAMES` (regex renames from checkpoint names to the canonical names the engine uses)."""
+"""Architecture registry: one module per HF `model_type`, each exposing `config(hf) -> ModelConfig`,
+`RENAMES` (regex renames from checkpoint names to the canonical names the engine uses) and,
+where its checkpoint tensors need rearranging for the shared layers, `transform(cfg, name, t)`."""
 from __future__ import annotations
 
 import importlib
@@ -8,10 +9,12 @@ import re
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 from engine.errors import UserError
 from engine.models.base import ModelConfig
 
-ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe")
 
 
 def arch_module(model_type: str | None) -> ModuleType:
@@ -32,9 +35,6 @@ def read_hf_config(model_dir: Path) -> dict:
 
 
 def model_config(hf: dict) -> ModelConfig:
-    if hf.get("quantization_config"):
-        method = hf["quantization_config"].get("quant_method", "?")
-        raise UserError(f"quantized checkpoints ({method}) are not supported yet; use the bf16 release")
     return arch_module(hf.get("model_type")).config(hf)
 
 
@@ -42,3 +42,13 @@ def canonical_name(model_type: str, name: str) -> str:
     for pattern, repl in arch_module(model_type).RENAMES:
         name = re.sub(pattern, repl, name)
     return name
+
+
+def dense_tensor(cfg: ModelConfig, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A dense checkpoint tensor (canonical name) as the FTW stores it: rearranged by its arch's
+    `transform` if it has one, in `dtype` (or float32, see transformer.param_dtype)."""
+    from engine.models.transformer import param_dtype
+    transform = getattr(arch_module(cfg.model_type), "transform", None)
+    if transform is not None:
+        t = transform(cfg, name, t)
+    return t.to(param_dtype(name, dtype)).contiguous()

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.errors import UserError
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-          "fp16": torch.float16, "half": torch.float16, "float32": torch.float32,
-          "fp32": torch.float32, "float": torch.float32}
+# spellings of the float dtypes a model computes in (config.json, --dtype) -> their name in
+# ftw.format.DTYPES, the one table of dtypes
+FLOAT_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+               "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
 
 
 @dataclass(frozen=True)
@@ -23,6 +22,22 @@ class RouterSpec:
     scoring: str = "softmax"            # softmax | sigmoid
     norm_topk_prob: bool = False        # renormalise the top-k weights to sum to 1
     scaling: float = 1.0                # routed_scaling_factor
+    bias: bool = False                  # e_score_correction_bias: added to the scores for the choice only
+    n_group: int = 1                    # experts in n_group equal groups; the choice is limited to
+    topk_group: int = 1                 # the topk_group best groups,
+    group_score: str = "top2"           # each scored by top2 (the sum of its two best choice scores) | max
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head Latent Attention (DeepSeek-V2/V3): per token one latent row of kv_lora_rank
+    (normed) + qk_rope_head_dim (rotated) dims is cached instead of per-head K and V."""
+    q_lora_rank: int | None             # None: a plain q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    softmax_scale: float                # qk_head_dim ** -0.5, times YaRN's mscale(mscale_all_dim) squared
 
 
 @dataclass(frozen=True)
@@ -33,7 +48,7 @@ class ModelConfig:
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int                       # per-head q/k/v width; for MLA the rotary width, as in transformers
     rms_norm_eps: float
     rope: dict                          # rope_parameters incl. rope_type and rope_theta
     max_position_embeddings: int
@@ -50,12 +65,25 @@ class ModelConfig:
     sliding_window: int | None = None
     shared_expert_size: int = 0         # 0 = no shared expert
     shared_expert_gate: bool = False    # sigmoid gate on the shared expert
+    mla: MLASpec | None = None          # Multi-head Latent Attention instead of GQA
     dtype: str = "bfloat16"
     extra: dict = field(default_factory=dict)
 
     @property
     def moe_layer_ids(self) -> list[int]:
         return [i for i, m in enumerate(self.moe_layers) if m]
+
+    @property
+    def attn_dims(self) -> tuple[int, int]:
+        """(q/k, v) widths of one attention head as attention computes it."""
+        m = self.mla
+        return (m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim) if m else (self.head_dim, self.head_dim)
+
+    @property
+    def kv_row(self) -> tuple[int, int]:
+        """(heads, width) of one token's cached K (and V) per layer; MLA: one latent row, no V."""
+        m = self.mla
+        return (1, m.kv_lora_rank + m.qk_rope_head_dim) if m else (self.num_kv_heads, self.head_dim)
 
 
 def rope_params(hf: dict) -> dict:
@@ -73,7 +101,7 @@ def rope_params(hf: dict) -> dict:
 
 def source_dtype(hf: dict) -> str:
     name = str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16").replace("torch.", "")
-    return name if name in DTYPES else "bfloat16"
+    return FLOAT_NAMES.get(name, "bfloat16")
 
 
 def moe_layer_flags(hf: dict, n_layers: int) -> tuple[bool, ...]:

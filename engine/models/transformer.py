@@ -7,6 +7,7 @@ from torch import nn
 
 from engine.kv.batch import ForwardBatch
 from engine.layers.attention import Attention, RMSNorm
+from engine.layers.mla import MLAttention
 from engine.layers.mlp import DenseMLP
 from engine.layers.rope import Rope
 from engine.models.base import ModelConfig
@@ -15,6 +16,14 @@ from engine.moe.block import MoEBlock
 
 # parameters made of several checkpoint tensors, concatenated along dim 0
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+# kept in float32 whatever the model's dtype, as transformers does: the correction bias ranks
+# experts by differences finer than bf16 resolves
+FP32 = (".e_score_correction_bias",)
+
+
+def param_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a parameter (or checkpoint tensor) is stored and used in."""
+    return torch.float32 if name.endswith(FP32) else dtype
 
 
 def checkpoint_names(name: str) -> list[str]:
@@ -28,7 +37,7 @@ def checkpoint_names(name: str) -> list[str]:
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, moe_index: int | None):
         super().__init__()
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = MLAttention(cfg, layer) if cfg.mla else Attention(cfg, layer)
         self.mlp = MoEBlock(cfg, moe_index) if moe_index is not None else \
             DenseMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -14,6 +14,8 @@ class MoEBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, moe_index: int):
         super().__init__()
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        if cfg.router.bias:  # the checkpoint's name: mlp.gate.e_score_correction_bias [E], kept in float32
+            self.gate.e_score_correction_bias = nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
         self.spec, self.moe_index = cfg.router, moe_index
         if cfg.shared_expert_size:
             self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_size)
@@ -21,8 +23,12 @@ class MoEBlock(nn.Module):
                 self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
         self.runtime = None  # set by the loader: engine.moe.runtime.ExpertRuntime
 
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> (weights [T, K], expert ids [T, K])."""
+        return route(self.gate(x), self.spec, getattr(self.gate, "e_score_correction_bias", None))
+
     def forward(self, x: torch.Tensor, prefill: bool) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.spec)
+        weights, ids = self.route(x)
         out = self.runtime.forward(self.moe_index, x, ids, weights, prefill)
         if hasattr(self, "shared_expert"):
             shared = self.shared_expert(x)

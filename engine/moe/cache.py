@@ -4,17 +4,19 @@ the tables slot_of [L*E], owner_of [S], last_use [S] and one global LRU clock.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 
 from engine.errors import UserError
 from engine.moe.layout import SlotLayout
-from engine.moe.tables import HostTables
+from engine.moe.tables import DeviceTables, HostTables, ResidencyTables
 
 
 @dataclass
 class CacheStats:
+    """Expert-cache counters since load, kept by ExpertCache and changed only through record();
+    `after - before` is what happened in between, `a + b` sums two spans."""
     hits: int = 0            # distinct (layer, expert) demands found resident
     misses: int = 0          # distinct demands not resident
     fetched: int = 0         # misses filled over the link
@@ -23,6 +25,26 @@ class CacheStats:
     bytes_cpu: int = 0       # expert bytes the CPU read for its routes
     scan_steps: int = 0      # prefill layer steps run in scan mode (long chunks)
     stream_layers: int = 0   # of those, layers streamed whole into a prefill buffer
+
+    def record(self, *, slot_bytes: int = 0, hits: int = 0, misses: int = 0, fetched: int = 0,
+               streamed: int = 0, scan: bool = False) -> None:
+        """Count layer steps: `hits` and `misses` distinct demands, of which `fetched` were filled
+        over the link and the rest ran on the CPU; `streamed` experts loaded as one whole layer
+        into a prefill buffer; `scan`: one step of a long prefill chunk. slot_bytes: one expert."""
+        self.hits += hits
+        self.misses += misses
+        self.fetched += fetched
+        self.cpu += misses - fetched
+        self.bytes_filled += (fetched + streamed) * slot_bytes
+        self.bytes_cpu += (misses - fetched) * slot_bytes
+        self.scan_steps += scan
+        self.stream_layers += streamed > 0
+
+    def __add__(self, other: CacheStats) -> CacheStats:
+        return CacheStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def __sub__(self, other: CacheStats) -> CacheStats:
+        return CacheStats(*(a - b for a, b in zip(astuple(self), astuple(other))))
 
     @property
     def hit_rate(self) -> float:
@@ -45,11 +67,9 @@ class ExpertCache:
         self.pool = torch.empty(n_slots, layout.slot_bytes, dtype=torch.uint8, device=device)
         self.w = layout.views(self.pool)                  # {name: [S, ...]}
         self.n_experts = n_experts
-        if device_tables:  # graph mode: control on the device
-            from engine.moe.device_control import DeviceTables
-            self.tables = DeviceTables(n_slots, n_layers * n_experts, n_experts, device)
-        else:  # eager control: one sync per layer step
-            self.tables = HostTables(n_slots, n_layers * n_experts, n_layers)
+        # graph mode: control on the device; eager control: one sync per layer step
+        self.tables: ResidencyTables = (DeviceTables(n_slots, n_layers * n_experts, n_experts, device)
+                                        if device_tables else HostTables(n_slots, n_layers * n_experts, n_layers))
         self.stats = CacheStats()
 
     @property

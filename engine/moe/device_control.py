@@ -1,71 +1,18 @@
-"""Device-resident expert control for decode: the residency tables live on the device, and one
-MoE layer step runs plan kernel -> fills -> experts -> CPU branch -> merge with no host sync, so
-the whole decode step can be captured in a CUDA graph. q* is device data (one value per layer),
-changed between steps without recapture. The CPU branch is signalled through flags in mapped
-pinned memory that a C++ poller answers: the plan launch stages the CPU routes' inputs and
-writes `go`; the fill's last program writes `fill`, against which the poller times the step's
-fills (B_P online in graph mode too); the stream waits for `done`, and the merge adds the CPU's
-partial sum to the routes computed here. On the CPU (tests) the same steps run with the plain
-torch references, so the buffer logic is exercised without a GPU."""
+"""Device-resident expert control for decode: the residency tables live on the device
+(engine.moe.tables.DeviceTables), and one MoE layer step runs plan kernel -> fills -> experts ->
+CPU branch -> merge with no host sync, so the whole decode step can be captured in a CUDA graph.
+q* is device data (one value per layer), changed between steps without recapture. The CPU branch
+is signalled through flags in mapped pinned memory that a C++ poller answers: the plan launch
+stages the CPU routes' inputs and writes `go`; the fill's last program writes `fill`, against
+which the poller times the step's fills (B_P online in graph mode too); the stream waits for
+`done`, and the merge adds the CPU's partial sum to the routes computed here. On the CPU (tests)
+the same steps run with the plain torch references, so the buffer logic is exercised without a
+GPU."""
 from __future__ import annotations
 
 import torch
 
 from kernels import ref
-
-
-class DeviceTables:
-    """slot_of [L*E], owner_of [S], last_use [S], seen [L*E], clock [1]: int64 on the device."""
-
-    def __init__(self, n_slots: int, n_flat: int, n_experts: int, device: torch.device):
-        i64 = dict(dtype=torch.int64, device=device)
-        self.slot_of, self.seen = torch.full((n_flat,), -1, **i64), torch.full((n_flat,), -1, **i64)
-        self.owner_of, self.last_use = torch.full((n_slots,), -1, **i64), torch.full((n_slots,), -1, **i64)
-        self.clock, self.n_experts = torch.zeros(1, **i64), n_experts
-
-    @property
-    def tensors(self) -> tuple:
-        return self.slot_of, self.owner_of, self.last_use, self.seen
-
-    def clear(self) -> None:
-        for t in self.tensors:
-            t.fill_(-1)
-        self.clock.zero_()
-
-    def install_block(self, slot: int, flat: int, n: int) -> None:
-        """Slots slot..slot+n hold flat ids flat..flat+n (empty slots, at load time)."""
-        dev = self.slot_of.device
-        self.slot_of[flat:flat + n] = torch.arange(slot, slot + n, device=dev)
-        self.owner_of[slot:slot + n] = torch.arange(flat, flat + n, device=dev)
-
-    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
-        """The eager (prefill) interface of HostTables.plan, on the device tables."""
-        clock = int(self.clock) + 1
-        self.clock.fill_(clock)
-        ids_t = torch.tensor(ids, device=self.slot_of.device)
-        route, vic, fetch, hits, misses = ref.plan(ids_t, base // self.n_experts, self.n_experts,
-                                                   *self.tensors, clock, q, cold)
-        return route.flatten().tolist(), vic.tolist(), fetch.tolist(), hits, misses
-
-    def reserve(self, n: int) -> list[int]:
-        """Take the n least recently used slots out of the cache (prefill buffers)."""
-        idx = torch.argsort(self.last_use, stable=True)[:n]
-        old = self.owner_of[idx]
-        self.slot_of[old[old >= 0]] = -1
-        self.owner_of[idx] = -1
-        self.last_use[idx] = torch.iinfo(torch.int64).max  # last in line for victims
-        return idx.tolist()
-
-    def release(self, slots: list[int]) -> None:
-        self.last_use[torch.tensor(slots, device=self.last_use.device)] = -1
-
-    def missing(self, ids: list[list[int]], base: int) -> int:
-        flat = torch.tensor(sorted({base + e for row in ids for e in row}), device=self.slot_of.device)
-        return int((self.slot_of[flat] < 0).sum())
-
-    @property
-    def owned(self) -> int:
-        return int((self.owner_of >= 0).sum())
 
 
 class DeviceControl:
@@ -97,7 +44,7 @@ class DeviceControl:
         pin = dict(pin_memory=True)
         self.flags = torch.zeros(3, dtype=torch.int32, **pin)                     # go, done, fill
         self.nfill = torch.zeros(1, dtype=torch.int64, **pin)                     # experts the step fills
-        self.x_h = torch.zeros(max_tokens, H, dtype=rt.cpu.act_dtype(rt.store.views[0]["down"].dtype), **pin)
+        self.x_h = torch.zeros(max_tokens, H, dtype=rt.cpu.act_dtype(rt.store.views[0]["down"]), **pin)
         self.ids_h = torch.full((max_tokens, top_k), -1, dtype=torch.int64, **pin)
         self.w_h = torch.zeros(max_tokens, top_k, dtype=torch.float32, **pin)
         self.out_h = torch.zeros(max_tokens, H, dtype=torch.float32, **pin)
@@ -106,9 +53,10 @@ class DeviceControl:
         self.poller = rt.cpu.poller(self.flags, self.nfill, self.x_h, self.ids_h, self.w_h, self.out_h,
                                     [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views])
 
-    def set_q(self, policy) -> None:
-        """Copy the policy's per-layer decode q into device data (outside any graph)."""
-        q = [policy.q(layer, False) for layer in range(self.q.numel())]
+    def set_q(self) -> None:
+        """Copy the policy's per-layer decode q at the current q* into device data (outside any graph)."""
+        policy, q_star = self.rt.policy, self.rt.qstar.value
+        q = [policy.q(layer, False, q_star) for layer in range(self.q.numel())]
         if q != self.q_host:
             self.q.copy_(torch.tensor(q, dtype=torch.float64))
             self.q_host = q
@@ -117,12 +65,7 @@ class DeviceControl:
         """Fold the device counters into the host CacheStats (one sync)."""
         hits, misses, fetched = self.stats.tolist()
         self.stats.zero_()
-        stats.hits += hits
-        stats.misses += misses
-        stats.fetched += fetched
-        stats.cpu += misses - fetched
-        stats.bytes_filled += fetched * slot_bytes
-        stats.bytes_cpu += (misses - fetched) * slot_bytes
+        stats.record(slot_bytes=slot_bytes, hits=hits, misses=misses, fetched=fetched)
 
     def _plan(self, ids: torch.Tensor, layer: int, route: torch.Tensor, n: int, stage=None) -> None:
         t, E = self.rt.cache.tables, self.rt.cache.n_experts

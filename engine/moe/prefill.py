@@ -105,7 +105,8 @@ class LayerStreamer:
         if not self.active:
             return
         compute = self._measure()
-        b_p = self.rt.estimator.b_p if self.rt.estimator else 0.0  # 0: no link estimate, fetch
+        est = self.rt.qstar.estimator
+        b_p = est.b_p if est else 0.0  # 0: no link estimate, fetch
         if layer < len(self.rt.store.banks) and (self.mode == "stream" and missing >= 0 or (
                 missing > 0 and b_p > 0 and (self.E - missing) * self.rt.store.layout.slot_bytes / b_p <= compute)):
             self._load(layer)
@@ -127,6 +128,5 @@ class LayerStreamer:
         else:
             for s, e in zip(half, range(self.E)):
                 c.pool[s].copy_(bank[e])
-        c.stats.stream_layers += 1
-        c.stats.bytes_filled += self.E * self.rt.store.layout.slot_bytes
+        c.stats.record(slot_bytes=self.rt.store.layout.slot_bytes, streamed=self.E)
         self.ready[layer] = (torch.tensor(half, device=c.pool.device), event)

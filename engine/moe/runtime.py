@@ -1,27 +1,24 @@
 """One MoE layer step: plan residency, fill the fetched misses, run the resident routes from the
 device cache and the CPU routes from the host store concurrently, and merge exactly (every
 (token, expert) route is computed on exactly one side, so the output is the plain sum). The
-runtime times its own fills and CPU batches to keep q* current."""
+fills and CPU jobs are timed by engine.moe.qstar, which keeps q* current."""
 from __future__ import annotations
 
-import random
 import time
 from contextlib import nullcontext
 
 import torch
 
 from engine.moe.cache import ExpertCache
-from engine.moe.estimator import BandwidthEstimator
 from engine.moe.policy import MissPolicy
 from engine.moe.prefill import LayerStreamer
+from engine.moe.qstar import QStar
 from engine.moe.store import HostExpertStore
 from kernels import ref
 
 # A prefill chunk whose layer step routes at most this many tokens per expert on average runs
 # like decode: the CPU stays memory-bound there, so the bandwidth split still applies.
 SHORT_ROUTES_PER_EXPERT = 4
-# Graph decode steps with no CPU job before one expert is timed on the CPU anyway (see _probe_cpu).
-PROBE_STEPS = 16
 
 
 class ExpertRuntime:
@@ -30,10 +27,8 @@ class ExpertRuntime:
         self.store, self.cache, self.policy = store, cache, policy
         self.cpu_threads, self._cpu = cpu_threads, cpu  # cpu: an executor to reuse (cache rebuilds)
         self.act = "silu"
-        self.routing = None      # optional (layer, ids) -> ids: trace replay, uniform, or a recorder
-        self.estimator: BandwidthEstimator | None = None  # None = q* stays as set
-        self._pending_fill = None  # (start event, end event, bytes) timed once complete
-        self._probe, self._idle = None, 0  # a CPU probe job in flight; steps without a CPU job
+        self.routing = None      # optional (layer, ids) -> ids (engine.moe.replay): trace, uniform, recorder
+        self.qstar = QStar(store, lambda: self.cpu)
         self._experts = ref.moe_experts
         self.device_ctl = None  # engine.moe.device_control.DeviceControl in graph mode
         self.streamer = LayerStreamer(self, prefill_mode)
@@ -49,50 +44,11 @@ class ExpertRuntime:
             self._cpu = CPUExecutor(self.cpu_threads)
         return self._cpu
 
-    def set_bandwidths(self, b_p_gbps: float, b_h_gbps: float, online: bool = True) -> None:
-        """Initial B_P, B_H (profile); with online, re-estimated from the engine's own timings."""
-        est = BandwidthEstimator(b_p_gbps * 1e9, b_h_gbps * 1e9)
-        self.policy.q_star = est.q_star
-        self.estimator = est if online else None
-
     def before_step(self) -> None:
-        """Between steps: fold the CPU branch's and the fills' own timings (graph mode: from the
-        poller) into B_H and B_P and publish q* to the device."""
-        ctl = self.device_ctl
-        if ctl is None:
-            return
-        if ctl.poller is not None:
-            slot = self.store.layout.slot_bytes
-            jobs, experts, seconds, fills, fill_seconds = ctl.poller.stats()
-            if self.estimator:
-                if experts:
-                    self.estimator.cpu(experts * slot, seconds)
-                if fills:
-                    self.estimator.fill(fills * slot, fill_seconds)
-                self._probe_cpu(experts)
-        if self.estimator:
-            self.policy.q_star = self.estimator.q_star
-        ctl.set_q(self.policy)
-
-    def _probe_cpu(self, experts: int) -> None:
-        """After PROBE_STEPS graph decode steps without a CPU job (a load made B_H look so low
-        that every miss is fetched, and only CPU jobs measure it), time one expert on the CPU
-        beside the GPU's work, its result unused, so B_H and q* recover once the load is gone."""
-        fut, self._idle = self._probe, 0 if experts else self._idle + 1
-        if fut is not None:
-            try:
-                fut.wait(0.0)
-            except TimeoutError:
-                return
-            self._probe = None
-            self.estimator.cpu(self.store.layout.slot_bytes, fut.seconds)
-        if self._idle >= PROBE_STEPS:
-            self._idle = 0
-            v = self.store.views[random.randrange(len(self.store.views))]
-            H = v["down"].shape[1]
-            e = torch.tensor([[random.randrange(self.store.n_experts)]])
-            self._probe = self.cpu.submit(torch.zeros(1, H, dtype=v["down"].dtype), v["gate_up"], v["down"], e,
-                                          torch.ones(1, 1), torch.empty(1, H))
+        """Between steps (graph mode): fold the poller's timings into q* and publish it to the device."""
+        if self.device_ctl is not None:
+            self.qstar.graph_step(self.device_ctl.poller)
+            self.device_ctl.set_q()
 
     def sync_stats(self) -> None:
         if self.device_ctl is not None:
@@ -120,7 +76,7 @@ class ExpertRuntime:
         if self.device_ctl is not None and not prefill and ids.numel() <= self.device_ctl.route.numel():
             return self.device_ctl.forward(layer, x, ids, weights)
         ids_h = ids.cpu()
-        self._update_q()
+        self.qstar.update()
         # A short chunk (an agent's follow-up) is treated like decode: the q* split, fills kept
         # hot. A long one scans nearly every expert: each layer is either streamed whole into a
         # prefill buffer or has its misses fetched as cold entries, so the decode working set
@@ -128,7 +84,7 @@ class ExpertRuntime:
         scan = prefill and ids.numel() > SHORT_ROUTES_PER_EXPERT * c.n_experts
         st = self.streamer
         if scan:
-            c.stats.scan_steps += 1
+            c.stats.record(scan=True)
             if layer == 0 and st.usable:
                 st.begin(x.shape[0])
         slots = st.take(layer) if scan else None
@@ -148,11 +104,11 @@ class ExpertRuntime:
         -> (out [T, H] float32, misses)."""
         c = self.cache
         route, victims, fetch, hits, misses = c.tables.plan(ids_h.tolist(), layer * c.n_experts,
-                                                            self.policy.q(layer, scan), cold=scan)
+                                                            self.policy.q(layer, scan, self.qstar.value), cold=scan)
         route = torch.tensor(route).view(ids_h.shape)
         cpu_ids = torch.where(route < 0, ids_h, -1)
         n_cpu = misses - len(victims)
-        self._count(hits, misses, n_cpu)
+        c.stats.record(slot_bytes=self.store.layout.slot_bytes, hits=hits, misses=misses, fetched=len(victims))
         # the CPU branch starts before the fills are queued: x.cpu() would otherwise wait for them
         job = self._submit_cpu(layer, x, cpu_ids, weights, n_cpu) if n_cpu else None
         route_d = route.to(x.device)
@@ -172,9 +128,7 @@ class ExpertRuntime:
         if job is not None:
             fut, out_h, t0 = job
             fut.wait()
-            if self.estimator:
-                self.estimator.cpu(n_cpu * self.store.layout.slot_bytes, getattr(fut, "seconds", None)
-                                   or time.perf_counter() - t0)
+            self.qstar.cpu_job(n_cpu, fut, t0)
             out += out_h.to(x.device, non_blocking=True)
         return out, misses
 
@@ -191,41 +145,14 @@ class ExpertRuntime:
         if not victims:
             return None
         bank, pool, nbytes = self.store.banks[layer], self.cache.pool, len(victims) * self.store.layout.slot_bytes
-        cuda, done = pool.is_cuda, None
-        t0 = time.perf_counter()
+        done = None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            if cuda and self.estimator:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            for s, e in zip(victims, fetch):
-                pool[s].copy_(bank[e], non_blocking=True)
-            if cuda and self.estimator:
-                end.record()
-                self._pending_fill = (start, end, nbytes)
+            with self.qstar.timed_fill(nbytes, pool.is_cuda):
+                for s, e in zip(victims, fetch):
+                    pool[s].copy_(bank[e], non_blocking=True)
             if stream is not None:
                 done = torch.cuda.Event()
                 done.record()
-        if self.estimator and not cuda:
-            self.estimator.fill(nbytes, time.perf_counter() - t0)
-        self.cache.stats.fetched += len(victims)
-        self.cache.stats.bytes_filled += nbytes
         return done
-
-    def _update_q(self) -> None:
-        """Fold the last timed fill into B_P (once its events completed) and refresh q*."""
-        if self.estimator is None:
-            return
-        if self._pending_fill and self._pending_fill[1].query():
-            start, end, nbytes = self._pending_fill
-            self.estimator.fill(nbytes, start.elapsed_time(end) / 1e3)
-            self._pending_fill = None
-        self.policy.q_star = self.estimator.q_star
-
-    def _count(self, hits: int, misses: int, n_cpu: int) -> None:
-        st = self.cache.stats
-        st.hits += hits
-        st.misses += misses
-        st.cpu += n_cpu
-        st.bytes_cpu += n_cpu * self.store.layout.slot_bytes

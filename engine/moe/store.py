@@ -52,14 +52,12 @@ class HostExpertStore:
         pin_(self.rows)
 
     @staticmethod
-    def load(reader, layers: list[int], n_experts: int, layout: SlotLayout, pin: bool,
+    def load(reader, layers: list[int], n_experts: int, layout: SlotLayout,
              progress: Callable[[int], None] | None = None) -> "HostExpertStore":
-        """Read every bank straight into its place in one buffer, then pin it."""
+        """Read every bank straight into its place in one buffer (pin it after)."""
         store = HostExpertStore.empty(len(layers), n_experts, layout)
         for bank, layer in zip(store.banks, layers):
             reader.read(bank_name(layer), out=bank)
             if progress:
                 progress(bank.numel())
-        if pin:
-            store.pin()
         return store

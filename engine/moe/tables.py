@@ -1,16 +1,49 @@
-"""Residency tables on the host for the eager path: the semantics of kernels.ref.plan (which
-the device plan kernel also implements), with O(K + F) Python work per layer step. An ordered
-LRU replaces the sort over last_use: slots touched in one step move to the end in slot order,
-which is exactly the (last_use, slot) order the reference sorts by; cold fills move to the front
-in slot order, where the reference's last_use of -1 puts them."""
+"""Residency tables of the expert cache: which slot holds which flat id `layer * E + expert`, and
+the recency that picks victims. One interface (ResidencyTables), two implementations:
+HostTables, Python lists for the eager path, and DeviceTables, int64 tensors on the device that
+the graph path's plan kernel updates without a host sync. Both make the decisions of
+kernels.ref.plan."""
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from typing import Protocol, runtime_checkable
 
-from kernels.ref import recurs, split_fetch
+import torch
+
+from kernels import ref
+
+
+@runtime_checkable
+class ResidencyTables(Protocol):
+    """What the cache, the runtime and the prefill streamer use of either implementation."""
+
+    @property
+    def owned(self) -> int:
+        """Slots that hold an expert."""
+
+    def install_block(self, slot: int, flat: int, n: int) -> None:
+        """Slots slot..slot+n hold flat ids flat..flat+n."""
+
+    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False) -> tuple:
+        """One layer step (see HostTables.plan) -> (route slots [T*K] with -1 = CPU, victim
+        slots, fetched expert ids, hits, misses)."""
+
+    def missing(self, ids: list[list[int]], base: int) -> int:
+        """Distinct experts of ids [T][K] (flat ids from `base`) that are not resident."""
+
+    def reserve(self, n: int) -> list[int]:
+        """Take the n least recently used slots out of the cache (prefill buffers)."""
+
+    def release(self, slots: list[int]) -> None:
+        """Return reserved slots as empty, least recently used."""
 
 
 class HostTables:
+    """The semantics of kernels.ref.plan with O(K + F) Python work per layer step. An ordered
+    LRU replaces the sort over last_use: slots touched in one step move to the end in slot order,
+    which is exactly the (last_use, slot) order the reference sorts by; cold fills move to the
+    front in slot order, where the reference's last_use of -1 puts them."""
+
     def __init__(self, n_slots: int, n_flat: int, n_layers: int):
         self.n_layers = n_layers
         self.slot_of = [-1] * n_flat      # flat id -> slot or -1
@@ -34,7 +67,6 @@ class HostTables:
             self.install(slot + i, flat + i)
 
     def reserve(self, n: int) -> list[int]:
-        """Take the n least recently used slots out of the cache (prefill buffers)."""
         slots = list(self.lru)[:n]
         for s in slots:
             if self.owner_of[s] >= 0:
@@ -44,7 +76,6 @@ class HostTables:
         return slots
 
     def release(self, slots: list[int]) -> None:
-        """Return reserved slots as empty, least recently used."""
         for s in sorted(slots, reverse=True):
             self.lru[s] = None
             self.lru.move_to_end(s, last=False)
@@ -62,8 +93,8 @@ class HostTables:
         uniq = sorted(counts)
         hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
         misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
-        recurring = any(recurs(self.seen[f], self.clock, self.n_layers) for f in misses)
-        n = min(split_fetch(len(misses), q, recurring), len(self.owner_of) - len(hit_slots))
+        recurring = any(ref.recurs(self.seen[f], self.clock, self.n_layers) for f in misses)
+        n = min(ref.split_fetch(len(misses), q, recurring), len(self.owner_of) - len(hit_slots))
         victims = []
         for s in self.lru:
             if len(victims) == n:
@@ -80,3 +111,57 @@ class HostTables:
         for f in uniq:
             self.seen[f] = self.clock
         return [self.slot_of[f] for f in flat], victims, [f - base for f in misses[:n]], len(hit_slots), len(misses)
+
+
+class DeviceTables:
+    """slot_of [L*E], owner_of [S], last_use [S], seen [L*E], clock [1]: int64 on the device,
+    read and written by the plan kernel (engine.moe.device_control); the methods here are the
+    eager interface (prefill, loading), one sync each."""
+
+    def __init__(self, n_slots: int, n_flat: int, n_experts: int, device: torch.device):
+        i64 = dict(dtype=torch.int64, device=device)
+        self.slot_of, self.seen = torch.full((n_flat,), -1, **i64), torch.full((n_flat,), -1, **i64)
+        self.owner_of, self.last_use = torch.full((n_slots,), -1, **i64), torch.full((n_slots,), -1, **i64)
+        self.clock, self.n_experts = torch.zeros(1, **i64), n_experts
+
+    @property
+    def tensors(self) -> tuple:
+        return self.slot_of, self.owner_of, self.last_use, self.seen
+
+    def clear(self) -> None:
+        for t in self.tensors:
+            t.fill_(-1)
+        self.clock.zero_()
+
+    def install_block(self, slot: int, flat: int, n: int) -> None:
+        """Empty slots at load time."""
+        dev = self.slot_of.device
+        self.slot_of[flat:flat + n] = torch.arange(slot, slot + n, device=dev)
+        self.owner_of[slot:slot + n] = torch.arange(flat, flat + n, device=dev)
+
+    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
+        clock = int(self.clock) + 1
+        self.clock.fill_(clock)
+        ids_t = torch.tensor(ids, device=self.slot_of.device)
+        route, vic, fetch, hits, misses = ref.plan(ids_t, base // self.n_experts, self.n_experts,
+                                                   *self.tensors, clock, q, cold)
+        return route.flatten().tolist(), vic.tolist(), fetch.tolist(), hits, misses
+
+    def reserve(self, n: int) -> list[int]:
+        idx = torch.argsort(self.last_use, stable=True)[:n]
+        old = self.owner_of[idx]
+        self.slot_of[old[old >= 0]] = -1
+        self.owner_of[idx] = -1
+        self.last_use[idx] = torch.iinfo(torch.int64).max  # last in line for victims
+        return idx.tolist()
+
+    def release(self, slots: list[int]) -> None:
+        self.last_use[torch.tensor(slots, device=self.last_use.device)] = -1
+
+    def missing(self, ids: list[list[int]], base: int) -> int:
+        flat = torch.tensor(sorted({base + e for row in ids for e in row}), device=self.slot_of.device)
+        return int((self.slot_of[flat] < 0).sum())
+
+    @property
+    def owned(self) -> int:
+        return int((self.owner_of >= 0).sum())

@@ -17,7 +17,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Request
 
 from engine.server import messages as m
-from engine.server.app import Server, get_server
+from engine.server.state import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from engine.server.sse import Job, finish_reason, reply, sse
 from engine.serving import Finish
@@ -73,7 +73,7 @@ async def create(body: MessagesRequest, request: Request, s: Server = Depends(ge
     job = s.job(request, ids, body.model, enabled, max_tokens=body.max_tokens, stop=body.stop_sequences,
                 temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
     state = MessageStream(job)
-    return await reply(state, s.engine, job, body.stream, lambda: state.message)
+    return await reply(state, s.batcher, job, body.stream, lambda: state.message)
 
 
 class MessageStream:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Request
 
 from engine.server import messages as m
-from engine.server.app import Server, get_server
+from engine.server.state import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from engine.server.sse import EventStream, Job, collect, encode, events, finish_reason, sse
 from engine.serving import Finish
@@ -98,8 +98,8 @@ async def chat(body: ChatRequest, request: Request, s: Server = Depends(get_serv
     job = s.job(request, ids, body.model, enabled, **sampling)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return EventStream(encode(ChatStream(job, include_usage), events(s.engine, job)))
-    res = await collect(events(s.engine, job))
+        return EventStream(encode(ChatStream(job, include_usage), events(s.batcher, job)))
+    res = await collect(events(s.batcher, job))
     msg: dict = {"role": "assistant", "content": res.text if res.text or not res.calls else None}
     if res.reasoning:
         msg["reasoning_content"] = res.reasoning
@@ -156,8 +156,8 @@ async def completions(body: CompletionRequest, request: Request, s: Server = Dep
     job = s.job(request, ids, body.model, False, parse=False, **body.sampling())
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return EventStream(encode(CompletionStream(job, include_usage), events(s.engine, job)))
-    res = await collect(events(s.engine, job))
+        return EventStream(encode(CompletionStream(job, include_usage), events(s.batcher, job)))
+    res = await collect(events(s.batcher, job))
     return {"id": f"cmpl-{job.id}", "object": "text_completion", "created": job.created, "model": job.model,
             "choices": [{"index": 0, "text": res.text, "logprobs": None, "finish_reason": res.reason}],
             "usage": usage(res.finish)}

@@ -5,8 +5,10 @@ Chunks may be split anywhere, even inside a tag: a parser holds back only a suff
 still become a tag, so the concatenated reasoning, text and tool calls never depend on the
 chunking. Formats: `think` (<think>...</think>), `hermes` and `qwen3_coder` (<tool_call> around a
 JSON object or a <function=...> XML block; both names accept both bodies, since Qwen models mix
-them), and `harmony` (gpt-oss channels). A tool call is emitted only once it is complete and
-well-formed; a malformed one comes back as plain text, never as an exception or lost text.
+them), `glm45` (GLM-4.5 to 4.7: <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...
+</tool_call>, blanks between the parts optional) and `harmony` (gpt-oss channels). A tool call is
+emitted only once it is complete and well-formed; a malformed one comes back as plain text, never
+as an exception or lost text.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ class ToolCallEnd:
 
 Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd
 
-TOOL_PARSERS = ("hermes", "qwen3_coder", "harmony")
+TOOL_PARSERS = ("hermes", "qwen3_coder", "glm45", "harmony")
 REASONING_PARSERS = ("think", "harmony")
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -62,6 +64,10 @@ _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*)</function>", re.S)
 # a value ends at the </parameter> followed by the next parameter or the end of the function
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>\s*(?=<parameter=|\Z)", re.S)
 _ESCAPE = re.compile(r"\\.", re.S)  # a JSON escape; valid JSON has them only inside strings
+ARG_KEY, ARG_VALUE, ARG_VALUE_CLOSE = "<arg_key>", "<arg_value>", "</arg_value>"
+_GLM_NAME = re.compile(r"\s*([^\s<>]+)\s*")
+# like a parameter, a value ends at the </arg_value> followed by the next key or the end of the call
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*(?=<arg_key>|\Z)", re.S)
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 
@@ -74,7 +80,7 @@ def select_parsers(chat_template: str | None,
         return "harmony", "harmony"
     tool = None
     if CALL_OPEN in t:
-        tool = "qwen3_coder" if "<function=" in t else "hermes"
+        tool = "glm45" if ARG_KEY in t else "qwen3_coder" if "<function=" in t else "hermes"
     return tool, ("think" if THINK_OPEN in t else None)
 
 
@@ -101,7 +107,7 @@ class OutputParser:
         if reasoning_parser == "think":
             self._stages.append(_Think(starts_in_reasoning))
         if tool_parser and tools_enabled:
-            self._stages.append(_ToolCalls())
+            self._stages.append(_ToolCalls(glm=tool_parser == "glm45"))
 
     def feed(self, text: str) -> list[Event]:
         """Events for the next decoded chunk."""
@@ -269,6 +275,25 @@ def _parse_call(body: str) -> tuple[str, str] | None:
     return _call(m.group(1), args)
 
 
+def _inside_arg_value(body: str) -> bool:
+    """True if a </tool_call> right after a GLM call body would sit in an argument value."""
+    return body.rfind(ARG_VALUE) > body.rfind(ARG_VALUE_CLOSE)
+
+
+def _parse_glm_call(body: str) -> tuple[str, str] | None:
+    """A GLM call body (NAME, then <arg_key>/<arg_value> pairs) as (name, arguments JSON), or None."""
+    m = _GLM_NAME.match(body)
+    if not m:
+        return None
+    args, pos = {}, m.end()
+    while pos < len(body):
+        a = _GLM_ARG.match(body, pos)
+        if not a:
+            return None
+        args[a.group(1).strip()], pos = _coerce(a.group(2)), a.end()
+    return _call(m.group(1), args)
+
+
 def _coerce(value: str) -> Any:
     """A parameter value: its text without the framing newlines, or the JSON literal it spells.
 
@@ -284,10 +309,12 @@ def _coerce(value: str) -> Any:
 
 
 class _ToolCalls(_Stage):
-    """<tool_call>...</tool_call> blocks inside the text (hermes JSON or qwen3_coder XML)."""
+    """<tool_call>...</tool_call> blocks inside the text (hermes JSON or qwen3_coder XML, or GLM's
+    name and argument pairs)."""
 
-    def __init__(self):
+    def __init__(self, glm: bool = False):
         super().__init__()
+        self.inside, self.parse = (_inside_arg_value, _parse_glm_call) if glm else (_inside_value, _parse_call)
         self.in_call = False
         self.scan = 0  # where to resume looking for </tool_call> in an open call
         self.blank = ""  # whitespace before the open call, given back if it degrades to text
@@ -311,13 +338,13 @@ class _ToolCalls(_Stage):
 
     def _close(self, out: list[Event]) -> bool:
         p = self.buf.find(CALL_CLOSE, self.scan)
-        while p >= 0 and _inside_value(self.buf[:p]):
+        while p >= 0 and self.inside(self.buf[:p]):
             p = self.buf.find(CALL_CLOSE, p + 1)
         if p < 0:
             self.scan = max(0, len(self.buf) - len(CALL_CLOSE) + 1)
             return False
         body, self.buf, self.in_call = self.buf[:p], self.buf[p + len(CALL_CLOSE):], False
-        call = _parse_call(body)
+        call = self.parse(body)
         if call is None:
             self._text(self.blank + CALL_OPEN + body + CALL_CLOSE, out)
         else:

@@ -14,7 +14,7 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 
 from engine.server import messages as m
-from engine.server.app import Server, get_server
+from engine.server.state import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from engine.server.sse import Job, reply, sse
 from engine.serving import Finish
@@ -45,7 +45,7 @@ async def responses(body: ResponsesRequest, request: Request, s: Server = Depend
     job = s.job(request, ids, body.model, enabled, max_tokens=body.max_output_tokens,
                 temperature=body.temperature, top_p=body.top_p)
     state = ResponseStream(job, body.tools or [])
-    return await reply(state, s.engine, job, body.stream, lambda: state.response)
+    return await reply(state, s.batcher, job, body.stream, lambda: state.response)
 
 
 def _id(prefix: str) -> str:

@@ -18,14 +18,14 @@ from engine.errors import UserError
 from engine.server.messages import APIError
 from engine.server.parsers import (Event, OutputParser, ReasoningDelta, TextDelta, ToolCallEnd,
                                    ToolCallStart)
-from engine.serving import Delta, Finish, ServingEngine
+from engine.serving import Delta, Finish, Batcher
 
 log = logging.getLogger("freetoken.server")
 
 
 @dataclass
 class Job:
-    """One request, ready for the engine."""
+    """One request, ready for the batcher."""
     ids: list[int]
     params: SamplingParams
     parser: OutputParser
@@ -34,10 +34,10 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-async def events(engine: ServingEngine, job: Job) -> AsyncIterator[Event | Finish]:
-    """Parser events for the generated text, then the engine's Finish. Leaving early (client gone,
-    task cancelled) closes the engine's stream, which aborts the request and frees its KV."""
-    gen = engine.generate(job.ids, job.params)
+async def events(batcher: Batcher, job: Job) -> AsyncIterator[Event | Finish]:
+    """Parser events for the generated text, then the batcher's Finish. Leaving early (client gone,
+    task cancelled) closes the batcher's stream, which aborts the request and frees its KV."""
+    gen = batcher.generate(job.ids, job.params)
     try:
         async for item in gen:
             if isinstance(item, Delta):
@@ -82,11 +82,11 @@ async def encode(enc: Encoder, stream: AsyncIterator[Event | Finish]) -> AsyncIt
             yield chunk
 
 
-async def reply(state: Encoder, engine: ServingEngine, job: Job, stream: bool, result):
+async def reply(state: Encoder, batcher: Batcher, job: Job, stream: bool, result):
     """A stream of the encoder's events, or, run through the same state machine, result()."""
     if stream:
-        return EventStream(encode(state, events(engine, job)))
-    async for _ in encode(state, events(engine, job)):  # events unused: the state collects them
+        return EventStream(encode(state, events(batcher, job)))
+    async for _ in encode(state, events(batcher, job)):  # events unused: the state collects them
         pass
     if state.failed:
         raise state.failed

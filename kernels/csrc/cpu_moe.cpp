@@ -2,7 +2,11 @@
 // semantics of kernels/ref.py::moe_experts, reading weights straight from host expert banks.
 // Plain C ABI loaded with ctypes: no torch/Python headers, so the first build takes seconds and
 // ctypes releases the GIL during every call. One build holds every SIMD path (function-level
-// target attributes); the Python side picks the path at run time from ftmoe_cpu_features().
+// targets); the Python side picks the path at run time from ftmoe_cpu_features().
+//
+// A bank holds plain fp32/bf16/fp16 matrices, or quantized ones in the layout of kernels/quant.py
+// (codes, block scales, zero points), whose rows are dequantized in registers; every path
+// accumulates in fp32.
 //
 // A job runs in two phases over the pool's threads, with a barrier between them:
 //   1. units (expert, block of R1 intermediate rows): h[route, j] = silu(gate_j . x) * (up_j . x)
@@ -31,19 +35,92 @@
 
 namespace {
 
-enum DType { F32 = 0, BF16 = 1, F16 = 2 };
-enum Mode { DP_BF16 = 0, AVX2 = 1, SCALAR = 2 };  // DP_BF16: bf16 weights AND bf16 activations
+// Weight formats (cpu_executor.py mirrors the codes); E8M0 only names mxfp4's scale type.
+enum Fmt { F32 = 0, BF16 = 1, F16 = 2, INT4 = 3, INT8 = 4, FP8 = 5, MXFP4 = 6, E8M0 = 7 };
+// Kernel families. DP_BF16: bf16 weights AND bf16 activations; AVX512: quantized weights only.
+enum Mode { DP_BF16 = 0, AVX2 = 1, SCALAR = 2, AVX512 = 3 };
 constexpr int R1 = 16;  // gate/up row pairs per phase-1 unit (128 KiB of bf16 weights at H=2048)
 constexpr int R2 = 16;  // down rows per phase-2 unit, over every expert of the job
+constexpr int RC = 16;  // routes per call of a row kernel
 
+// One bank [E, N, K] of expert matrices, each expert's parts contiguous (cpu_executor._Mat).
+struct Mat {
+  const char *q, *s, *z;  // weights or codes; scales [E, ceil(N/bn), ceil(K/bk)]; zero points
+                          // uint8 in the blocks of s (int4/int8); s and z null for plain weights
+  int64_t sq, ss, sz;        // bytes from one expert to the next
+  int32_t fmt, sdt, bn, bk;  // Fmt of the weights and of the scales; block rows and columns
+};
+
+// One row of one expert's matrix: its K weights or codes, and for a quantized format the row's
+// block scales and zero points.
+struct Row {
+  const uint8_t* q;
+  const char* s;
+  const uint8_t* z;
+  int K, bk, sdt;
+};
+
+Row row(const Mat& m, int64_t e, int n, int K) {
+  static const int bits[7] = {32, 16, 16, 4, 8, 8, 4};  // per weight, by Fmt
+  Row r{reinterpret_cast<const uint8_t*>(m.q + e * m.sq) + size_t(n) * K * bits[m.fmt] / 8,
+        nullptr, nullptr, K, m.bk, m.sdt};
+  if (m.fmt >= INT4) {
+    size_t blk = size_t(n / m.bn) * ((K + m.bk - 1) / m.bk);  // the row's first block
+    r.s = m.s + e * m.ss + blk * (m.sdt == F32 ? 4 : m.sdt == E8M0 ? 1 : 2);
+    if (m.z) r.z = reinterpret_cast<const uint8_t*>(m.z + e * m.sz) + blk;
+  }
+  return r;
+}
+
+using RowsFn = void (*)(const Row& w, const void* const* x, int nx, float* out);  // out[i] = w . x[i]
+struct Kernel {
+  RowsFn fn;
+  int chunk;  // activations in permute(.., chunk) order; 0: plain order
+};
+
+// Position of element k of a length-K activation row read by a kernel of the given chunk: within
+// each whole chunk of c, the even k first, then the odd ones (the low, then the high nibbles of
+// c / 2 bytes of codes); the last K % c elements stay in place.
+inline int permute(int k, int K, int c) {
+  if (c == 0 || k >= K / c * c) return k;
+  int o = k % c;
+  return k - o + (o & 1) * (c / 2) + (o >> 1);
+}
 using DotFn = float (*)(const void* w, const void* x, int n);  // fp32 dot of two length-n rows
 
 float bf2f(uint16_t v) { uint32_t u = uint32_t(v) << 16; float f; memcpy(&f, &u, 4); return f; }
-float h2f(uint16_t v) { _Float16 h; memcpy(&h, &v, 2); return float(h); }
+inline float h2f(uint16_t v) { _Float16 h; memcpy(&h, &v, 2); return float(h); }
 uint16_t f2bf(float f) {  // round to nearest even, NaN kept a NaN
   uint32_t u; memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+// Element k of a quantized row before its block scale. int4/int8: code - zero point. fp8 (e4m3):
+// the fp16 with the e4m3 bits below the sign, which is the value / 256 (exact, subnormals too;
+// every path decodes it so, and block_scale puts the 256 back). mxfp4: the e2m1 value.
+constexpr float kE2M1[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                             -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+template <int F> inline float code_value(const uint8_t* q, int k, float z) {
+  if constexpr (F == INT4 || F == MXFP4) {
+    int c = (q[k >> 1] >> ((k & 1) * 4)) & 15;  // the even k in the low nibble
+    if constexpr (F == INT4) return float(c) - z; else return kE2M1[c];
+  } else if constexpr (F == INT8) {
+    return float(q[k]) - z;
+  } else {
+    return h2f(uint16_t(((q[k] & 0x80) << 8) | ((q[k] & 0x7f) << 7)));
+  }
+}
+// The scale of block g of a row (fp8: times 256, see code_value).
+template <int F> inline float block_scale(const Row& w, int g) {
+  if constexpr (F == MXFP4) {  // e8m0: 2 ** (e - 127), e = 0 being the subnormal 2 ** -127
+    uint32_t e = uint8_t(w.s[g]), u = e ? e << 23 : 0x400000u;
+    float f; memcpy(&f, &u, 4); return f;
+  } else {
+    auto h = reinterpret_cast<const uint16_t*>(w.s);
+    float s = w.sdt == F32 ? reinterpret_cast<const float*>(w.s)[g] : w.sdt == BF16 ? bf2f(h[g]) : h2f(h[g]);
+    return F == FP8 ? s * 256.f : s;
+  }
 }
 
 template <int D> inline float ldw(const void* p, int i) {
@@ -58,6 +135,33 @@ template <int D> float dot_scalar(const void* w, const void* x, int n) {
   for (int i = 0; i < n; ++i) s += ldw<D>(w, i) * xf[i];
   return s;
 }
+
+// Vector traits of the quantized row kernel (cpu_moe_qrow.h), one per path: W fp32 lanes;
+// dequant<F>(q, zv): W int8/fp8 codes from q on; nibbles<F>(q, zv, a, b): the low nibbles of W
+// bytes from q on, then their high nibbles; each as code_value gives them, for zv = kZeroBias + z
+// in every lane. The SIMD paths subtract the zero point as floats: lane bits 0x4B000000 | c are
+// 2**23 + c, and (2**23 + c) - (2**23 + z) = c - z exactly.
+struct Scalar {
+  static constexpr int W = 1;
+  using R = float;
+  static R zero() { return 0.f; }
+  static R set1(float v) { return v; }
+  static constexpr float kZeroBias = 0.f;
+  static R load(const float* p) { return *p; }
+  static R fma(R a, R b, R c) { return a * b + c; }
+  static R mul(R a, R b) { return a * b; }
+  static R add(R a, R b) { return a + b; }
+  static float sum(R v) { return v; }
+  template <int F> static R dequant(const uint8_t* q, float z) { return code_value<F>(q, 0, z); }
+  template <int F> static void nibbles(const uint8_t* q, float z, R& a, R& b) {
+    a = code_value<F>(q, 0, z), b = code_value<F>(q, 1, z);
+  }
+};
+
+namespace scalar {
+using V = Scalar;
+#include "cpu_moe_qrow.h"
+}  // namespace scalar
 
 #define AVX2_T __attribute__((target("avx2,fma,f16c")))
 template <int D> AVX2_T inline __m256 ld8(const void* p, int i) {  // 8 weights -> fp32
@@ -91,6 +195,102 @@ template <int D> AVX2_T float dot_avx2(const void* w, const void* x, int n) {
   return r;
 }
 
+// ---- quantized rows, AVX2 + FMA + F16C ----
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+struct V256 {
+  static constexpr int W = 8;
+  using R = __m256;
+  static R zero() { return _mm256_setzero_ps(); }
+  static R set1(float v) { return _mm256_set1_ps(v); }
+  static constexpr float kZeroBias = 8388608.f;
+  static R load(const float* p) { return _mm256_loadu_ps(p); }
+  static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
+  static R add(R a, R b) { return _mm256_add_ps(a, b); }
+  static float sum(R v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+  }
+  static __m128i load8(const uint8_t* q) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)); }
+  static R minus_zero(__m256i c, R zv) {
+    return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(c, _mm256_set1_epi32(0x4B000000))), zv);
+  }
+  template <int F> static R dequant(const uint8_t* q, R zv) {
+    if constexpr (F == INT8) return minus_zero(_mm256_cvtepu8_epi32(load8(q)), zv);
+    // fp8: sign-extended to 16 bits and shifted up 7, e4m3 keeps its sign at bit 15 and has its
+    // exponent and mantissa under fp16's; clearing bit 14 leaves the fp16 of code_value
+    __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(load8(q)), 7);
+    return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16(short(0xBF80))));
+  }
+  template <int F> static void nibbles(const uint8_t* q, R zv, R& a, R& b) {
+    __m256i c = _mm256_cvtepu8_epi32(load8(q)), hi = _mm256_srli_epi32(c, 4);
+    if constexpr (F == INT4) {
+      a = minus_zero(_mm256_and_si256(c, _mm256_set1_epi32(15)), zv), b = minus_zero(hi, zv);
+    } else {  // e2m1: the magnitude from a table by the low 3 bits, the nibble's top bit the sign
+      const __m256 mag = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+      const __m256i sign = _mm256_set1_epi32(INT32_MIN);
+      a = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, c),
+                        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 28), sign)));
+      b = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, hi),
+                        _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 24), sign)));
+    }
+  }
+};
+
+namespace avx2 {
+using V = V256;
+#include "cpu_moe_qrow.h"
+}  // namespace avx2
+
+#pragma GCC pop_options
+
+// ---- AVX-512 (F + BW; BF16 for the bf16 dot) ----
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw")
+
+struct V512 {  // as V256
+  static constexpr int W = 16;
+  using R = __m512;
+  static R zero() { return _mm512_setzero_ps(); }
+  static R set1(float v) { return _mm512_set1_ps(v); }
+  static constexpr float kZeroBias = 8388608.f;
+  static R load(const float* p) { return _mm512_loadu_ps(p); }
+  static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
+  static R add(R a, R b) { return _mm512_add_ps(a, b); }
+  static float sum(R v) { return _mm512_reduce_add_ps(v); }
+  static __m128i load16(const uint8_t* q) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)); }
+  static R minus_zero(__m512i c, R zv) {
+    return _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(c, _mm512_set1_epi32(0x4B000000))), zv);
+  }
+  template <int F> static R dequant(const uint8_t* q, R zv) {
+    if constexpr (F == INT8) return minus_zero(_mm512_cvtepu8_epi32(load16(q)), zv);
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(load16(q)), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(short(0xBF80))));
+  }
+  template <int F> static void nibbles(const uint8_t* q, R zv, R& a, R& b) {
+    __m512i c = _mm512_cvtepu8_epi32(load16(q)), hi = _mm512_srli_epi32(c, 4);
+    if constexpr (F == INT4) {  // (c & 15) | 2**23 in one ternary-logic op
+      __m512i lo = _mm512_ternarylogic_epi32(c, _mm512_set1_epi32(15), _mm512_set1_epi32(0x4B000000), 0xEA);
+      a = _mm512_sub_ps(_mm512_castsi512_ps(lo), zv), b = minus_zero(hi, zv);
+    } else {  // e2m1: a 16-entry table by the low 4 bits, sign included
+      const __m512 v = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                                      -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
+      a = _mm512_permutexvar_ps(c, v), b = _mm512_permutexvar_ps(hi, v);
+    }
+  }
+};
+
+namespace avx512 {
+using V = V512;
+#include "cpu_moe_qrow.h"
+}  // namespace avx512
+
+#pragma GCC pop_options
+
 #define BF16_T __attribute__((target("avx512f,avx512bw,avx512bf16")))
 BF16_T float dot_dpbf16(const void* w, const void* x, int n) {  // bf16 x bf16 pairs -> fp32
   auto wp = static_cast<const uint16_t*>(w), xp = static_cast<const uint16_t*>(x);
@@ -112,20 +312,45 @@ BF16_T float dot_dpbf16(const void* w, const void* x, int n) {  // bf16 x bf16 p
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
+// RowsFn of plain weights: one dot per activation row (the row stays in L1 for the next ones).
+template <DotFn D> void frows(const Row& w, const void* const* x, int nx, float* out) {
+  for (int i = 0; i < nx; ++i) out[i] = D(w.q, x[i], w.K);
+}
+
+// The row kernel of a bank under a mode; {null, 0} where the pair makes no sense. A nibble
+// format whose blocks do not hold whole chunks of a path takes the next narrower path.
+Kernel kernel(int mode, const Mat& m) {
+  static const RowsFn avx2f[3] = {frows<dot_avx2<F32>>, frows<dot_avx2<BF16>>, frows<dot_avx2<F16>>};
+  static const RowsFn scalarf[3] = {frows<dot_scalar<F32>>, frows<dot_scalar<BF16>>, frows<dot_scalar<F16>>};
+  if (m.fmt < 0 || m.fmt > MXFP4) return {nullptr, 0};
+  if (m.fmt >= INT4) {
+    static const Kernel* paths[3] = {avx512::qkernels, avx2::qkernels, scalar::qkernels};
+    for (int p = mode == AVX512 ? 0 : mode == AVX2 ? 1 : mode == SCALAR ? 2 : 3; p < 3; ++p) {
+      const Kernel& k = paths[p][m.fmt - INT4];
+      if (!k.chunk || m.bk % k.chunk == 0) return k;
+    }
+    return {nullptr, 0};
+  }
+  if (mode == DP_BF16) return {m.fmt == BF16 ? frows<dot_dpbf16> : nullptr, 0};
+  return {mode == SCALAR ? scalarf[m.fmt] : avx2f[m.fmt], 0};
+}
+
 struct Job {
   uint64_t seq = 0;
-  const char *x = nullptr, *wgu = nullptr, *wd = nullptr;  // x [T, H]; banks [E, 2I, H], [E, H, I]
-  float* out = nullptr;                                    // [T, H]
-  DotFn dot = nullptr;
+  const char* x = nullptr;      // [T, H], in the order of kgu
+  Mat gu{}, d{};                // banks [E, 2I, H], [E, H, I]
+  Kernel kgu{}, kd{};           // their row kernels
+  std::unique_ptr<float[]> xp;  // x permuted for kgu, where it needs that
+  float* out = nullptr;         // [T, H]
   bool bf16act = false;         // activations (x, h) held as bf16 for the DP_BF16 path, else fp32
   int T = 0, H = 0, I = 0, E = 0;
-  int64_t sgu = 0, sd = 0;      // bytes from one expert to the next in each bank (stride(0))
-  size_t wsz = 0, asz = 0;      // bytes per weight / activation element
+  size_t asz = 0;               // bytes per activation element
   std::vector<int64_t> eid;     // [G] expert of each group of routes
   std::vector<int> gstart;      // [G + 1] route range of each group, routes sorted by expert
   std::vector<int> tok;         // [R] token of each route
   std::vector<float> rw;        // [R] routing weight of each route
-  std::unique_ptr<char[]> h;    // [R, I] silu(gate) * up
+  std::unique_ptr<char[]> h;    // [R, I] silu(gate) * up, in the order of kd
+  std::vector<const void*> xr, hr;  // [R] each route's row of x and of h
   int nb1 = 0, n1 = 0, n2 = 0;  // phase-1 blocks per expert, phase-1 units, phase-2 units
   std::atomic<int> next1{0}, done1{0}, next2{0};
   int active = 0;   // workers inside work(); guarded by Pool::m
@@ -136,38 +361,44 @@ struct Job {
   std::chrono::steady_clock::time_point t0, t1;  // submitted, retired: the CPU branch's duration
 
   void fail(const char* msg) { std::lock_guard<std::mutex> g(m); if (err.empty()) err = msg; }
-  const char* expert(const char* bank, int64_t stride, int64_t e) const {
+  int64_t expert(int g) const {
+    int64_t e = eid[g];
     if (e < 0 || e >= E)
       throw std::out_of_range("expert id " + std::to_string(e) + " out of range [0, " +
                               std::to_string(E) + ") (-1 marks a route computed elsewhere)");
-    return bank + e * stride;
+    return e;
   }
 };
 
 void unit1(Job& J, int u) {
   int g = u / J.nb1, j0 = (u % J.nb1) * R1, j1 = std::min(J.I, j0 + R1);
-  const char* base = J.expert(J.wgu, J.sgu, J.eid[g]);
-  size_t row = size_t(J.H) * J.wsz;
+  int64_t e = J.expert(g);
+  float a[RC], b[RC];
   for (int j = j0; j < j1; ++j)  // routes innermost: one weight row serves every token (L1 hit)
-    for (int r = J.gstart[g]; r < J.gstart[g + 1]; ++r) {
-      const char* xt = J.x + size_t(J.tok[r]) * J.H * J.asz;
-      float a = J.dot(base + j * row, xt, J.H), b = J.dot(base + (J.I + j) * row, xt, J.H);
-      float v = a / (1.f + std::exp(-a)) * b;
-      char* dst = J.h.get() + (size_t(r) * J.I + j) * J.asz;
-      if (J.bf16act) { uint16_t hv = f2bf(v); memcpy(dst, &hv, 2); } else memcpy(dst, &v, 4);
+    for (int r0 = J.gstart[g]; r0 < J.gstart[g + 1]; r0 += RC) {
+      int n = std::min(RC, J.gstart[g + 1] - r0);
+      J.kgu.fn(row(J.gu, e, j, J.H), &J.xr[r0], n, a);
+      J.kgu.fn(row(J.gu, e, J.I + j, J.H), &J.xr[r0], n, b);
+      for (int i = 0; i < n; ++i) {
+        float v = a[i] / (1.f + std::exp(-a[i])) * b[i];
+        char* dst = J.h.get() + (size_t(r0 + i) * J.I + permute(j, J.I, J.kd.chunk)) * J.asz;
+        if (J.bf16act) { uint16_t hv = f2bf(v); memcpy(dst, &hv, 2); } else memcpy(dst, &v, 4);
+      }
     }
 }
 
 void unit2(Job& J, int u) {
   int r0 = u * R2, r1 = std::min(J.H, r0 + R2);
   for (int t = 0; t < J.T; ++t) std::fill_n(J.out + size_t(t) * J.H + r0, r1 - r0, 0.f);
-  size_t row = size_t(J.I) * J.wsz;
-  for (size_t g = 0; g < J.eid.size(); ++g) {
-    const char* base = J.expert(J.wd, J.sd, J.eid[g]);
+  float y[RC];
+  for (int g = 0; g < int(J.eid.size()); ++g) {
+    int64_t e = J.expert(g);
     for (int r = r0; r < r1; ++r)
-      for (int k = J.gstart[g]; k < J.gstart[g + 1]; ++k)
-        J.out[size_t(J.tok[k]) * J.H + r] +=
-            J.rw[k] * J.dot(base + r * row, J.h.get() + size_t(k) * J.I * J.asz, J.I);
+      for (int k0 = J.gstart[g]; k0 < J.gstart[g + 1]; k0 += RC) {
+        int n = std::min(RC, J.gstart[g + 1] - k0);
+        J.kd.fn(row(J.d, e, r, J.I), &J.hr[k0], n, y);
+        for (int i = 0; i < n; ++i) J.out[size_t(J.tok[k0 + i]) * J.H + r] += J.rw[k0 + i] * y[i];
+      }
   }
 }
 
@@ -260,7 +491,8 @@ struct Pool {
 
 extern "C" {
 
-// bit 0: AVX2 + FMA + F16C; bit 1: AVX-512 BF16 (+BW for the masked tail loads)
+// bit 0: AVX2 + FMA + F16C; bit 1: AVX-512 BF16 (+BW for the masked tail loads); bit 2: AVX-512
+// F + BW (the quantized AVX-512 path)
 int ftmoe_cpu_features() {
   __builtin_cpu_init();
   int f = 0;
@@ -268,42 +500,49 @@ int ftmoe_cpu_features() {
       __builtin_cpu_supports("f16c"))
     f |= 1;
   if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")) f |= 2;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) f |= 4;
   return f;
 }
 
 void* ftmoe_pool_create(int threads, const int* cpus, int spin_us) { return new Pool(threads, cpus, spin_us); }
 void ftmoe_pool_destroy(void* pool) { delete static_cast<Pool*>(pool); }
 
-// ids [T, K] int32/int64 (-1 = skip), rw [T, K] fp32, out [T, H] fp32; all contiguous.
-// Returns the job, or null when it could not be set up (out of memory): no C++ exception may
-// cross into ctypes.
-void* ftmoe_submit(void* pool, const void* x, const void* wgu, const void* wd, const void* ids,
-                   const float* rw, float* out, int T, int H, int I, int E, int K, int64_t sgu,
-                   int64_t sd, int dtype, int ids64, int mode) {
-  static const DotFn avx2[3] = {dot_avx2<F32>, dot_avx2<BF16>, dot_avx2<F16>};
-  static const DotFn scalar[3] = {dot_scalar<F32>, dot_scalar<BF16>, dot_scalar<F16>};
+// gu, dn: the banks (see Mat); ids [T, K] int32/int64 (-1 = skip), rw [T, K] fp32, out [T, H]
+// fp32; all contiguous. Returns the job, or null when it could not be set up (out of memory, or a
+// format the mode has no kernel for): no C++ exception may cross into ctypes.
+void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, const void* ids,
+                   const float* rw, float* out, int T, int H, int I, int E, int K, int ids64, int mode) {
   try {
     auto J = std::make_unique<Job>();
-    J->x = static_cast<const char*>(x), J->wgu = static_cast<const char*>(wgu);
-    J->wd = static_cast<const char*>(wd), J->out = out;
-    J->T = T, J->H = H, J->I = I, J->E = E, J->sgu = sgu, J->sd = sd;
-    J->dot = mode == DP_BF16 ? dot_dpbf16 : mode == AVX2 ? avx2[dtype] : scalar[dtype];
+    J->x = static_cast<const char*>(x), J->gu = *gu, J->d = *dn, J->out = out;
+    J->T = T, J->H = H, J->I = I, J->E = E;
+    J->kgu = kernel(mode, *gu), J->kd = kernel(mode, *dn);
+    if (!J->kgu.fn || !J->kd.fn) return nullptr;
     J->bf16act = mode == DP_BF16;
-    J->wsz = dtype == F32 ? 4 : 2, J->asz = J->bf16act ? 2 : 4;
+    J->asz = J->bf16act ? 2 : 4;
+    if (J->kgu.chunk) {  // fp32 x (the chunked kernels are quantized ones)
+      J->xp.reset(new float[size_t(T) * H]);
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < H; ++k)
+          J->xp[size_t(t) * H + permute(k, H, J->kgu.chunk)] = static_cast<const float*>(x)[size_t(t) * H + k];
+      J->x = reinterpret_cast<const char*>(J->xp.get());
+    }
     std::vector<std::pair<int64_t, int>> rs;  // (expert, route index); sorting groups by expert
     for (int i = 0; i < T * K; ++i) {
       int64_t e = ids64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
       if (e != -1) rs.emplace_back(e, i);  // other bad ids fail inside the workers
     }
     std::sort(rs.begin(), rs.end());
+    J->h.reset(new char[rs.size() * size_t(I) * J->asz + 1]);
     for (size_t i = 0; i < rs.size(); ++i) {
       if (i == 0 || rs[i].first != rs[i - 1].first)
         J->eid.push_back(rs[i].first), J->gstart.push_back(int(i));
       J->tok.push_back(rs[i].second / K);
       J->rw.push_back(rw[rs[i].second]);
+      J->xr.push_back(J->x + size_t(J->tok.back()) * H * J->asz);
+      J->hr.push_back(J->h.get() + i * I * J->asz);
     }
     J->gstart.push_back(int(rs.size()));
-    J->h.reset(new char[rs.size() * size_t(I) * J->asz + 1]);
     J->nb1 = (I + R1 - 1) / R1, J->n1 = int(J->eid.size()) * J->nb1, J->n2 = (H + R2 - 1) / R2;
     static_cast<Pool*>(pool)->submit(J.get());
     return J.release();
@@ -343,9 +582,8 @@ struct Poller {
   const void *x = nullptr, *ids = nullptr;
   const float* rw = nullptr;
   float* out = nullptr;
-  std::vector<const void*> wgu, wd;  // per MoE layer bank bases
-  int H = 0, I = 0, E = 0, K = 0, dtype = 0, mode = 0;
-  int64_t sgu = 0, sd = 0;
+  std::vector<Mat> gu, dn;  // per MoE layer banks
+  int H = 0, I = 0, E = 0, K = 0, mode = 0;
   std::atomic<bool> stop{false};
   std::atomic<int64_t> jobs{0}, experts{0}, nanos{0}, fills{0}, fill_nanos{0};
   bool fill_seen = false;
@@ -360,15 +598,15 @@ struct Poller {
   }
   void serve(uint32_t v) {
     int layer = int(v & 0xFFFFF) - 1, T = int(v >> 20);
-    if (layer < 0 || layer >= int(wgu.size())) return fail("bad layer in the CPU branch flag", T);
+    if (layer < 0 || layer >= int(gu.size())) return fail("bad layer in the CPU branch flag", T);
     const int64_t* id = static_cast<const int64_t*>(ids);
     if (std::all_of(id, id + size_t(T) * K, [](int64_t e) { return e == -1; })) {
       std::fill_n(out, size_t(T) * H, 0.f);  // no CPU route in this layer step: answer at once
       return;
     }
     auto t0 = std::chrono::steady_clock::now();
-    auto* J = static_cast<Job*>(ftmoe_submit(pool, x, wgu[layer], wd[layer], ids, rw, out, T, H, I,
-                                             E, K, sgu, sd, dtype, 1, mode));
+    auto* J = static_cast<Job*>(ftmoe_submit(pool, x, &gu[layer], &dn[layer], ids, rw, out, T, H, I,
+                                             E, K, 1, mode));
     if (!J) return fail("could not allocate a CPU branch job", T);
     while (!J->done.load(std::memory_order_acquire)) watch_fill(v), _mm_pause();
     if (ftmoe_wait(J, -1.0)) fail(J->err, T);
@@ -405,17 +643,17 @@ struct Poller {
   }
 };
 
-// flags: uint32 [go, done, fill]; nfill: one int64.
+// flags: uint32 [go, done, fill]; nfill: one int64; gu, dn: L banks each, one per MoE layer.
 void* ftmoe_poller_start(void* pool, void* flags, const void* nfill, const void* x, const void* ids,
-                         const float* rw, float* out, const void** wgu, const void** wd, int L,
-                         int H, int I, int E, int K, int64_t sgu, int64_t sd, int dtype, int mode) {
+                         const float* rw, float* out, const Mat* gu, const Mat* dn, int L,
+                         int H, int I, int E, int K, int mode) {
   try {
     auto* P = new Poller();
     auto* f = static_cast<uint32_t*>(flags);
     P->pool = pool, P->go = f, P->done = f + 1, P->fill = f + 2;
     P->nfill = static_cast<const int64_t*>(nfill);
-    P->x = x, P->ids = ids, P->rw = rw, P->out = out, P->wgu.assign(wgu, wgu + L), P->wd.assign(wd, wd + L);
-    P->H = H, P->I = I, P->E = E, P->K = K, P->sgu = sgu, P->sd = sd, P->dtype = dtype, P->mode = mode;
+    P->x = x, P->ids = ids, P->rw = rw, P->out = out, P->gu.assign(gu, gu + L), P->dn.assign(dn, dn + L);
+    P->H = H, P->I = I, P->E = E, P->K = K, P->mode = mode;
     P->th = std::thread(&Poller::loop, P);
     return P;
   } catch (...) {

@@ -7,7 +7,7 @@ timeout -s ABRT 200 python3 -m pytest -q -p no:cacheprovider --engine-device cud
   tests/test_graphs.py tests/test_policies.py tests/test_parity.py tests/test_cpu_executor.py > "$out/gpu_tests.txt" 2>&1
 tail -3 "$out/gpu_tests.txt"
 python3 -m freetoken_cli.main profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
-python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
+python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
 for hogs in 6 12; do
   timeout -s ABRT 170 python3 -m freetoken_cli.main bench decode --synthetic qwen3-30b-a3b --cpu-threads 8 --tokens 32 --repeats 5 \
     --expert-budget 8GiB --moe-policy adaptive,adaptive-fixed --routing trace:/tmp/trace.npy --contention $hogs \

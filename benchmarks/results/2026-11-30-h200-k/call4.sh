@@ -4,7 +4,7 @@
 # then the 12-hog contention rows with call 2's limit.
 set -u; out=${1:-/tmp/ftout}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH=$PWD FREETOKEN_CACHE=/tmp/ftcache
-python3 benchmarks/make_trace.py /tmp/trace.npy --tokens 512
+python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
 timeout -s ABRT 200 python3 benchmarks/results/2026-11-30-h200-k/recovery.py /tmp/trace.npy 12 > "$out/recovery.txt" 2>&1
 grep -v "^ \|^Fatal\|^Current\|^$" "$out/recovery.txt" | tail -40
 timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode --synthetic qwen3-30b-a3b --cpu-threads 8 --tokens 32 --repeats 5 \

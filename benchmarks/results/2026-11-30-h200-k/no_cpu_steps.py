@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.split_model import EXPERT_BYTES
+from engine.bench.split_model import EXPERT_BYTES
 from engine.moe.tables import HostTables
 
 trace, E = np.load(sys.argv[1]), 128

@@ -1,17 +1,17 @@
 """Online q* through a host-memory load and after it, on one runtime per variant (the estimator
 carries across the phases): decode rounds of 32 tokens, idle, then with HOGS processes streaming
 2 GB each, then after they stop; per round tok/s, q*, online B_P / B_H and CPU experts per token.
-Variants: `probe` (main) and `no-probe` (engine.moe.runtime.PROBE_STEPS huge).
+Variants: `probe` (main) and `no-probe` (engine.moe.qstar.PROBE_STEPS huge).
 Usage (repository root): PYTHONPATH=. python3 recovery.py TRACE HOGS [BUDGET]"""
 import multiprocessing as mp
 import os
 import sys
 import time
 
-from benchmarks.decode import decode_once, decode_runtime, memory_hog, random_prompt
+from engine.bench.decode import decode_once, decode_runtime, memory_hog, random_prompt
 from engine.config import EngineConfig, parse_size
 from engine.loader import load_synthetic
-from engine.moe import runtime as rt_mod
+from engine.moe import qstar as rt_mod
 from engine.profile import load_or_measure
 
 
@@ -41,10 +41,10 @@ def main() -> None:
                 [p.join() for p in procs]
             for r in range(rounds):
                 seconds, c = decode_once(engine, prompt, 32)
-                est = engine.runtime.estimator
+                est = engine.runtime.qstar.estimator
                 print(f"[{time.time() - t0:.0f} s] {name} {phase} {r + 1}: {32 / seconds:.2f} tok/s, q* "
-                      f"{engine.runtime.policy.q_star:.3f}, B_P {est.b_p / 1e9:.1f} / B_H {est.b_h / 1e9:.1f} GB/s, "
-                      f"CPU experts per token {c['cpu'] / 32:.1f}", flush=True)
+                      f"{engine.runtime.qstar.value:.3f}, B_P {est.b_p / 1e9:.1f} / B_H {est.b_h / 1e9:.1f} GB/s, "
+                      f"CPU experts per token {c.cpu / 32:.1f}", flush=True)
 
 
 if __name__ == "__main__":  # the hogs are spawned: they import this file

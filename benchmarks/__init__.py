@@ -1,1 +1,0 @@
-"""Benchmarks behind `freetoken bench`; measured numbers are recorded in RESULTS.md."""

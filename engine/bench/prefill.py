@@ -1,0 +1,58 @@
+"""Time to first token per prefill mode (stream, routed, adaptive) for cold prompts of several
+lengths and for a short follow-up after a cached prefix, beside the PCIe streaming bound: every
+layer's experts moved once per chunk at B_P."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from engine.bench.decode import sync
+from engine.config import EngineConfig, SamplingParams
+from engine.loader import rebuild_experts
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler, Sequence
+
+
+def ttft(runner: ModelRunner, sched: Scheduler, prompt: list[int]) -> float:
+    seq = Sequence(list(prompt), SamplingParams(max_tokens=1, ignore_eos=True))
+    sched.add(seq)
+    sync(runner)
+    t0 = time.perf_counter()
+    while not seq.output:
+        sched.step()
+    sync(runner)
+    return time.perf_counter() - t0
+
+
+def row(runner: ModelRunner, mode: str, what: str, tokens: int, seconds: float, before, prof: dict) -> dict:
+    d, store = runner.runtime.cache.stats - before, runner.runtime.store
+    layer_bytes = store.n_experts * store.layout.slot_bytes
+    b_p = (prof["h2d_gbps"] or prof["cpu_expert_gbps"]) * 1e9
+    bound = -(-tokens // runner.prefill_chunk) * len(store.banks) * layer_bytes / b_p
+    return {"mode": mode, "prompt": what, "tokens": tokens, "ttft_s": seconds, "bound_s": bound,
+            "streamed_layers": d.stream_layers, "moved_gib": d.bytes_filled / 2**30}
+
+
+def run(runner: ModelRunner, base: EngineConfig, modes: list[str], lengths: list[int], follow_up: int,
+        prof: dict) -> list[dict]:
+    rows, g = [], torch.Generator().manual_seed(0)
+    vocab = runner.cfg.vocab_size
+    for mode in modes:
+        cfg = replace(base, prefill_mode=mode)
+        rt = rebuild_experts(runner, runner.runtime.store, cfg)
+        rt.qstar.use_profile(prof, concurrent=False)
+        sched = Scheduler(runner, set(), 1, runner.prefill_chunk)
+        ttft(runner, sched, torch.randint(0, vocab, (min(lengths),), generator=g).tolist())  # warm-up
+        for n in lengths:
+            prompt = torch.randint(0, vocab, (n,), generator=g).tolist()
+            before = replace(rt.cache.stats)
+            rows.append(row(runner, mode, "cold", n, ttft(runner, sched, prompt), before, prof))
+        if follow_up:  # the last prompt is cached in the prefix tree now
+            prompt = prompt + torch.randint(0, vocab, (follow_up,), generator=g).tolist()
+            before = replace(rt.cache.stats)
+            t = ttft(runner, sched, prompt)
+            rows.append(row(runner, mode, f"+{follow_up} after {lengths[-1]}", follow_up, t, before, prof))
+        sched.prefix.evict(runner.kv.n_pages)  # the next mode starts from an empty prefix tree
+    return rows

@@ -1,0 +1,99 @@
+"""What a cold start costs, phase by phase: the loader's own timings (dense weights, the expert
+read beside the disk's sequential read bound, pinning, the KV pool, the expert cache with the
+decode graphs' warm-up steps (torch.compile, Triton JIT) and captures), the machine profile,
+then two prefills of distinct prompts of one length: the first request's extra cost is the first
+minus the second. Beside them, torch.compile's own account: its seconds and its on-disk cache
+hits and misses (a start after the first should only hit), and the Python modules compiled from
+source in this process (bytecode that could not be cached is recompiled on every start)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from engine.bench.decode import random_prompt
+from engine.bench.prefill import ttft
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler
+
+BLOCK, ALIGN = 16 << 20, 4096  # bytes per read; O_DIRECT's alignment
+
+
+def read_speed(path: Path, limit: int = 2 << 30) -> tuple[float, bool]:
+    """Sequential read speed (bytes/s) of the disk under `path`, over up to `limit` bytes of its
+    largest file -> (bytes/s, direct): through O_DIRECT where the filesystem allows, as the loader
+    reads; else buffered, where the page cache may answer instead of the disk."""
+    from ftw import aligned_empty
+    f = max((p for p in Path(path).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    size = min(limit, f.stat().st_size)
+    block = min(BLOCK, size // ALIGN * ALIGN)
+    assert block > 0, f"{f} is too small to time a read"
+    buf = memoryview(aligned_empty((block,), torch.uint8).numpy())
+    try:
+        fd, direct = os.open(f, os.O_RDONLY | getattr(os, "O_DIRECT", 0)), hasattr(os, "O_DIRECT")
+    except OSError:  # EINVAL: no O_DIRECT on this filesystem
+        fd, direct = os.open(f, os.O_RDONLY), False
+    try:
+        t0 = time.perf_counter()
+        for off in range(0, size // block * block, block):
+            os.preadv(fd, [buf], off)
+        return size // block * block / (time.perf_counter() - t0), direct
+    finally:
+        os.close(fd)
+
+
+def compiled_from_source(since: float) -> int:
+    """Modules imported in this process whose bytecode was compiled now: no cached file, or one
+    written after `since` (epoch seconds)."""
+    n = 0
+    for m in list(sys.modules.values()):
+        cached = getattr(m, "__dict__", {}).get("__cached__")  # not getattr: torch.ops answers any name
+        if isinstance(cached, str):
+            try:
+                n += os.stat(cached).st_mtime >= since
+            except OSError:
+                n += 1
+    return n
+
+
+def compile_account() -> dict:
+    """torch.compile's seconds in this process and its on-disk cache hits and misses."""
+    if "torch._dynamo" not in sys.modules:  # nothing was compiled (the CPU path runs plain torch)
+        return {"torch_compile_s": 0.0, "fx_graph_cache_hit": 0, "fx_graph_cache_miss": 0,
+                "autograd_cache_hit": 0, "autograd_cache_miss": 0}
+    from torch._dynamo.utils import calculate_time_spent, counters
+    return {"torch_compile_s": calculate_time_spent().get("total_wall_time", 0.0),
+            **{k: counters["inductor"][k] for k in ("fx_graph_cache_hit", "fx_graph_cache_miss")},
+            **{k: counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss")}}
+
+
+def prefills(runner: ModelRunner, tokens: int) -> tuple[float, float]:
+    """Seconds to the first token of two distinct `tokens`-long prompts, one after the other."""
+    sched = Scheduler(runner, set(), 1, runner.prefill_chunk)
+    first, second = (ttft(runner, sched, random_prompt(runner, tokens, stream)) for stream in (0, 1))
+    return first, second
+
+
+def report(runner: ModelRunner, started: float, imported: float, profile_s: float, prompt_tokens: int,
+           disk: tuple[float, bool] | None) -> dict:
+    """The phases of a start that began at `started` (epoch seconds, the process's start), had its
+    modules imported at `imported` and then loaded `runner` and the profile; runs the two
+    prefills. disk: read_speed() of the checkpoint's disk (None for a synthetic model)."""
+    t = dict(runner.timings)
+    g = runner.graphs.seconds if runner.graphs is not None else {"compile": 0.0, "capture": 0.0}
+    ready = time.time() - started
+    first, second = prefills(runner, prompt_tokens)
+    nbytes = runner.runtime.store.nbytes
+    phases = {"import": imported - started, "dense": t["dense"], "read": t["read"], "pin": t["pin"],
+              "kv": t["kv"], "compile": g["compile"], "capture": g["capture"],
+              "cache": t["experts"] - g["compile"] - g["capture"], "profile": profile_s}
+    out = {"phases": phases, "ready_s": ready, "expert_bytes": nbytes, "read_gbps": nbytes / t["read"] / 1e9,
+           "prompt_tokens": prompt_tokens, "first_prefill_s": first, "second_prefill_s": second,
+           "first_request_ratio": first / second, **compile_account(),
+           "modules_compiled_from_source": compiled_from_source(started)}
+    if disk:
+        out.update(disk_gbps=disk[0] / 1e9, disk_direct=disk[1], read_bound_s=nbytes / disk[0])
+    return out

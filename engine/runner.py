@@ -1,0 +1,34 @@
+"""The loaded model, ready to run steps: dense weights on the device, the expert runtime (host
+store, device cache, miss policy), the paged KV pool and, on CUDA, the captured decode graphs.
+engine.loader builds one; the scheduler calls `forward` once per step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.kv.paged import KVPool
+from engine.models.base import ModelConfig
+from engine.models.transformer import CausalLM
+from engine.moe.runtime import ExpertRuntime
+
+
+@dataclass
+class ModelRunner:
+    cfg: ModelConfig
+    model: CausalLM
+    kv: KVPool
+    runtime: ExpertRuntime | None
+    device: torch.device
+    path: Path | None
+    max_context: int
+    graphs: object = None        # engine.graphs.DecodeGraphs when decode runs as CUDA graphs
+    prefill_chunk: int = 2048    # tokens per prefill forward (EngineConfig's, or sized at load)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per load phase (bench startup)
+
+    def forward(self, batch, kv) -> torch.Tensor:
+        """One step: a captured graph for decode batches when one fits, else eager."""
+        self.runtime.before_step()
+        out = self.graphs.run(batch) if self.graphs is not None else None
+        return out if out is not None else self.model(batch, kv)
