@@ -20,7 +20,8 @@ tests)
   python3 -c "from kernels.moe_triton import bench_moe; from kernels.attention_triton import bench_attention
 from kernels.plan_triton import bench_plan; from kernels.fill_triton import bench_fill; from kernels.mla_triton import bench_mla
 print(bench_moe()); print(bench_attention()); print(bench_plan()); print(bench_fill()); print(bench_mla())" > "$out/kernels.txt" 2>&1
-  tail -3 "$out/kernels.txt" ;;
+  tail -3 "$out/kernels.txt"
+  python3 -m kernels.moe_triton > "$out/kernels_quant.json" 2>&1; tail -60 "$out/kernels_quant.json" ;;
 graphs)  # graph decode: GPU tests, then graph vs eager rows
   timeout -s ABRT 300 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py \
     tests/test_triton_kernels.py tests/test_parity.py tests/test_policies.py > "$out/gpu_tests.txt" 2>&1

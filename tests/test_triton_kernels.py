@@ -14,11 +14,14 @@ if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported
 pytest.importorskip("triton")
 
+from engine.moe.layout import SlotLayout  # noqa: E402
 from kernels import ref  # noqa: E402
 from kernels.attention_triton import paged_decode_attention  # noqa: E402
 from kernels.mla_triton import mla_decode_attention  # noqa: E402
+from kernels.moe_gemm_triton import moe_experts_gemm  # noqa: E402
 from kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
 from kernels.plan_triton import plan  # noqa: E402
+from kernels.quant import QWeight, quantize  # noqa: E402
 from kernels.router_triton import route  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
@@ -105,6 +108,128 @@ def test_moe_experts_decode_shape_gpu(dtype):
     out = moe_experts(x, wgu, wd, slots.to(DEV), w.to(DEV))
     _close(out, ref.moe_experts(x.double(), wgu.double(), wd.double(), slots.to(DEV),
                                 w.to(DEV).double()).float(), dtype)
+
+
+# ---------------------------------------------------------------- moe_experts, quantized weights
+def _qexperts(fmt, S, H, I, group, symmetric, scale_dtype, pooled, gen):
+    """S random experts (gate_up [2I, H], down [H, I]), each weight quantize()d on DEV: QWeights
+    of the stacked parts, or of views into the rows of the slot cache's layout (SlotLayout), and
+    the dequantized fp32 weights [S, N, K] (CPU)."""
+    parts = {w: [quantize(fmt, (torch.randn(n, k, generator=gen) * 0.3).to(DEV), group,
+                          scale_dtype, symmetric) for _ in range(S)]
+             for w, (n, k) in (("gate_up", (2 * I, H)), ("down", (H, I)))}
+    qws = {}
+    for w, ps in parts.items():
+        q, s, z = (None if t[0] is None else torch.stack(t) for t in zip(*(p[:3] for p in ps)))
+        qws[w] = QWeight(fmt, q, s, z, ps[0][3])
+    deq = tuple(torch.stack([q.dequant(i) for i in range(S)]).cpu() for q in qws.values())
+    if pooled:
+        layout = SlotLayout.for_qweights(fmt, {w: ps[0] for w, ps in parts.items()})
+        views = layout.views(torch.zeros(S, layout.slot_bytes, dtype=torch.uint8, device=DEV))
+        for w, q in qws.items():
+            for v, t in zip((views[w].q, views[w].s, views[w].z), (q.q, q.s, q.z)):
+                if t is not None:
+                    v.copy_(t)
+        assert views["gate_up"].q.stride(0) > views["gate_up"].q[0].numel()
+        qws = views
+    return (qws["gate_up"], qws["down"]), deq
+
+
+QUANT = [("int4", True), ("int4", False), ("int8", True), ("int8", False), ("fp8", True),
+         ("mxfp4", True)]
+
+
+@pytest.mark.parametrize("fmt,symmetric", QUANT)
+@pytest.mark.parametrize("T,xdt,blocks,pooled", [(1, torch.float32, SMALL_BLOCKS, True),
+                                                 (3, torch.float16, (8, 64, 32, 64), False),
+                                                 (3, torch.float32, None, True)])
+def test_moe_experts_quantized_matches_ref(fmt, symmetric, T, xdt, blocks, pooled):
+    """Every format against the reference on the dequantized weights: tiles smaller and larger
+    than a quantization block, loops with tails, dead and shared routes, stacked and pooled."""
+    gen = torch.Generator().manual_seed(5)
+    K, H, I, S = 4, 96, 64, 5
+    scale_dtype = torch.float16 if symmetric else torch.float32
+    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 32, symmetric, scale_dtype, pooled, gen)
+    x = torch.randn(T, H, generator=gen).to(xdt)
+    slots = torch.stack([torch.randperm(S, generator=gen)[:K] for _ in range(T)])
+    slots[0, 0] = -1
+    if T > 1:
+        slots[1, 1], slots[2, 2] = slots[0, 1], -1
+    w = torch.rand(T, K, generator=gen)
+    out = moe_experts(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV), blocks=blocks)
+    ref32 = ref.moe_experts(x.float(), dgu, dd, slots, w)
+    assert out.dtype == torch.float32 and out.shape == (T, H)
+    _close(out, ref32, torch.float32)          # fp16 x is exact in fp32: no rounding of its own
+    cpu = [QWeight(q.fmt, *(None if t is None else t.cpu() for t in (q.q, q.s, q.z)), q.block)
+           for q in (wgu, wd)]
+    assert torch.equal(ref.moe_experts(x.float(), *cpu, slots, w), ref32)
+
+
+def test_moe_experts_quantized_dead_routes_and_auto():
+    gen = torch.Generator().manual_seed(6)
+    T, K, H, I, S = 2, 2, 64, 32, 3
+    (wgu, wd), (dgu, dd) = _qexperts("int4", S, H, I, 16, False, torch.float16, True, gen)
+    x = torch.randn(T, H, generator=gen)
+    slots = torch.full((T, K), -1, dtype=torch.int64)
+    w = torch.full((T, K), float("nan"))                      # must not leak from dead routes
+    dead = moe_experts(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
+    assert torch.equal(dead.cpu(), torch.zeros(T, H))
+    slots[1, 0], w = 2, torch.nan_to_num(w)
+    w[1, 0] = 0.5
+    got = moe_experts_auto(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
+    _close(got, ref.moe_experts(x, dgu, dd, slots, w), torch.float32)
+    assert got[0].abs().max() == 0 and got[1].abs().max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,symmetric", QUANT)
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_moe_experts_quantized_decode_shape_gpu(fmt, symmetric, scale_dtype):
+    """bf16 x at the Qwen3-30B-A3B expert shape, pooled slots, groups of 128."""
+    gen = torch.Generator().manual_seed(7)
+    T, K, H, I, S = 4, 8, 2048, 768, 10
+    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 128, symmetric, scale_dtype, True, gen)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    slots = torch.randint(-1, S, (T, K), generator=gen)
+    w = torch.rand(T, K, generator=gen)
+    out = moe_experts(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
+    _close(out, ref.moe_experts(x.double(), dgu.double(), dd.double(), slots, w.double()).float(),
+           torch.float32)
+
+
+@pytest.mark.parametrize("fmt,symmetric", QUANT)
+@pytest.mark.parametrize("xdt,blocks,pooled", [(torch.float32, (16, 16, 64, 32, 16), True),
+                                               (torch.float16, (32, 32, 32, 16, 64), False)])
+def test_moe_experts_gemm_matches_ref(fmt, symmetric, xdt, blocks, pooled):
+    """The prefill grouped GEMMs against the reference: several tiles per slot, dead routes,
+    K tails; the weights rounded to x's dtype as the reference rounds them."""
+    _need(xdt)
+    gen = torch.Generator().manual_seed(8)
+    T, K, H, I, S = 24, 4, 96, 64, 5
+    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 32, symmetric, torch.float16, pooled, gen)
+    x = torch.randn(T, H, generator=gen).to(xdt)
+    slots = torch.randint(-1, S, (T, K), generator=gen)
+    w = torch.rand(T, K, generator=gen)
+    out = moe_experts_gemm(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV), blocks=blocks)
+    ref32 = ref.moe_experts(x.float(), dgu.to(xdt).float(), dd.to(xdt).float(), slots, w)
+    assert out.dtype == torch.float32 and out.shape == (T, H)
+    _close(out, ref32, xdt)
+    if CUDA:
+        assert torch.equal(moe_experts_auto(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV)), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,symmetric", QUANT)
+def test_moe_experts_gemm_prefill_shape_gpu(fmt, symmetric):
+    gen = torch.Generator().manual_seed(9)
+    T, K, H, I, S = 512, 8, 2048, 768, 16
+    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 128, symmetric, torch.bfloat16, True, gen)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    slots = torch.randint(-1, S, (T, K), generator=gen)
+    w = torch.rand(T, K, generator=gen)
+    out = moe_experts_auto(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
+    _close(out, ref.moe_experts(x.double(), *(d.to(torch.bfloat16).double() for d in (dgu, dd)),
+                                slots, w.double()).float(), torch.bfloat16)
 
 
 # ---------------------------------------------------------------- paged decode attention

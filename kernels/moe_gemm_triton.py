@@ -1,0 +1,171 @@
+"""Prefill routed-expert FFN over quantized slots (Triton): kernels.ref.moe_experts for many
+routes, as grouped GEMMs over the routes sorted by slot.
+
+A program takes up to BLOCK_M routes of one slot and a block of output rows, dequantizes the
+weight tiles in registers exactly as QWeight.dequant does, rounds them to x's dtype (the
+reference's W) and multiplies on the tensor cores (tl.dot, fp32 accumulation). A computes
+h = silu(x Wg^T) * (x Wu^T) per route in x's dtype, B weights[t, k] * (h Wd^T) per route in fp32,
+summed over k in a fixed order (deterministic, no atomics). Routes of slot -1 contribute 0.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.quant import QWeight
+
+
+@triton.jit
+def e2m1(c):
+    """E2M1 of the low nibble of c, times 2**-126: the nibble's sign, exponent and mantissa bits
+    placed as a float32's (exponent 0 is the subnormal 0.5 * 2**-126, as E2M1's is 0.5)."""
+    return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _w_tile(q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, FMT: tl.constexpr,
+            BN: tl.constexpr, BK: tl.constexpr, GK: tl.constexpr, BLOCK_K: tl.constexpr,
+            EVEN_K: tl.constexpr):
+    """W[rows, k0:k0 + BLOCK_K] float32, as QWeight.dequant computes it, from one slot's parts
+    (uint8 codes; GK divides the quantization block BK; a scale row per BN rows)."""
+    R: tl.constexpr = rows.shape[0]
+    PACK: tl.constexpr = 2 if FMT == "int4" or FMT == "mxfp4" else 1
+    offs = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+    m = mr[:, None] if EVEN_K else mr[:, None] & (offs < Kdim // PACK)[None, :]
+    c = tl.load(q_ptr + rows[:, None] * sq_r + offs[None, :], mask=m, other=0.0)
+    if FMT == "fp8":
+        v = c.to(tl.float32)
+    else:
+        c = c.to(tl.int32)
+        if PACK == 2:                                    # even k in the low nibble
+            c = tl.reshape(tl.join(c & 15, c >> 4), [R, BLOCK_K])
+        if FMT == "mxfp4":
+            v = e2m1(c) * (2.0 ** 126)
+        else:                                            # float bits of 2**23 + code
+            v = (c | 0x4B000000).to(tl.float32, bitcast=True)
+    SG: tl.constexpr = BLOCK_K // GK
+    kg = k0 + tl.arange(0, SG) * GK                      # first column of each chunk
+    mg = mr[:, None] if EVEN_K else mr[:, None] & (kg < Kdim)[None, :]
+    v = tl.reshape(v, [R, SG, GK])
+    if FMT == "int4" or FMT == "int8":
+        z = tl.load(z_ptr + rows[:, None] * sz_r + (kg // BK)[None, :], mask=mg, other=0)
+        v = v - (z.to(tl.float32) + 8388608.0)[:, :, None]
+    s = tl.load(s_ptr + (rows // BN)[:, None] * ss_r + (kg // BK)[None, :], mask=mg, other=0)
+    if FMT == "mxfp4":                                   # e8m0 e -> 2**(e - 127), e = 0 subnormal
+        e = s.to(tl.int32)
+        s = tl.where(e > 0, e << 23, 0x400000).to(tl.float32, bitcast=True)
+    return tl.reshape(v * s.to(tl.float32)[:, :, None], [R, BLOCK_K])
+
+
+@triton.jit
+def _tile_routes(tile_ptr, order_ptr, BLOCK_M: tl.constexpr):
+    """The program's tile (slot, first, end) of the sorted routes: positions, their mask, the
+    routes (t * K + k) and the slot (int64)."""
+    t = tl.program_id(0)
+    slot = tl.load(tile_ptr + 3 * t).to(tl.int64)
+    pos = tl.load(tile_ptr + 3 * t + 1) + tl.arange(0, BLOCK_M)
+    mp = pos < tl.load(tile_ptr + 3 * t + 2)
+    return pos, mp, tl.load(order_ptr + pos, mask=mp, other=0), slot
+
+
+@triton.jit
+def _gate_up_gemm(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, tile_ptr,
+                  order_ptr, h_ptr, H, I, K, sx_t, FMT: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr, GK: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    pos, mp, route, slot = _tile_routes(tile_ptr, order_ptr, BLOCK_M)
+    j = tl.arange(0, 2 * BLOCK_N)                        # gate and up rows interleaved
+    offs_n = tl.program_id(1) * BLOCK_N + j // 2
+    rows, mn = offs_n + (j % 2) * I, offs_n < I
+    q_ptr, s_ptr, z_ptr = q_ptr + slot * sq_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s
+    x_rows = x_ptr + (route // K)[:, None] * sx_t
+    acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mx = mp[:, None] if EVEN_K else mp[:, None] & (offs_k < H)[None, :]
+        xt = tl.load(x_rows + offs_k[None, :], mask=mx, other=0.0)
+        wt = _w_tile(q_ptr, s_ptr, z_ptr, rows, mn, k0, H, sq_r, ss_r, sz_r, FMT, BN, BK, GK,
+                     BLOCK_K, EVEN_K).to(x_ptr.dtype.element_ty)
+        acc = tl.dot(xt, tl.trans(wt), acc, input_precision=PREC)
+    g, u = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
+    h = g / (1.0 + tl.exp(-g)) * u                       # silu(gate) * up, [BLOCK_M, BLOCK_N]
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(h_ptr + pos[:, None] * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=mp[:, None] & (offs_n < I)[None, :])
+
+
+@triton.jit
+def _down_gemm(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, tile_ptr,
+               order_ptr, rw_ptr, y_ptr, H, I, FMT: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, GK: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    pos, mp, route, slot = _tile_routes(tile_ptr, order_ptr, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = offs_n < H
+    q_ptr, s_ptr, z_ptr = q_ptr + slot * sq_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mh = mp[:, None] if EVEN_K else mp[:, None] & (offs_k < I)[None, :]
+        ht = tl.load(h_ptr + pos[:, None] * I + offs_k[None, :], mask=mh, other=0.0)
+        wt = _w_tile(q_ptr, s_ptr, z_ptr, offs_n, mn, k0, I, sq_r, ss_r, sz_r, FMT, BN, BK, GK,
+                     BLOCK_K, EVEN_K).to(h_ptr.dtype.element_ty)
+        acc = tl.dot(ht, tl.trans(wt), acc, input_precision=PREC)
+    wt_r = tl.load(rw_ptr + route, mask=mp, other=0.0).to(tl.float32)
+    tl.store(y_ptr + route[:, None] * H + offs_n[None, :], acc * wt_r[:, None],
+             mask=mp[:, None] & mn[None, :])
+
+
+def _parts(w: QWeight, block_k: int) -> tuple[tuple, dict]:
+    """A QWeight's kernel arguments: parts (q as a stand-in for an absent z) with their (slot,
+    row) strides, and its format constexprs."""
+    q, s, z = w.q, w.s, w.q if w.z is None else w.z
+    assert q.stride(2) == 1 and s.stride(2) == 1 and z.stride(2) == 1
+    bn, bk = w.block
+    return ((q, s, z, q.stride(0), q.stride(1), s.stride(0), s.stride(1), z.stride(0), z.stride(1)),
+            dict(FMT=w.fmt, BN=bn, BK=bk, GK=math.gcd(block_k, bk)))
+
+
+def _tiles(slots: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routes sorted by slot, and int32 [n, 3] tiles (slot, first, end) of at most block_m of
+    them, one slot each, skipping slot -1 (one host sync, as the reference's own)."""
+    flat = slots.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    uniq, counts = torch.unique_consecutive(flat[order], return_counts=True)
+    tiles, start = [], 0
+    for s, n in zip(uniq.tolist(), counts.tolist()):
+        if s >= 0:
+            tiles += [(s, r, min(r + block_m, start + n)) for r in range(start, start + n, block_m)]
+        start += n
+    return order, torch.tensor(tiles, dtype=torch.int32, device=slots.device).view(-1, 3)
+
+
+def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight, w_down: QWeight, slots: torch.Tensor,
+                     weights: torch.Tensor, act: str = "silu",
+                     blocks: tuple[int, int, int, int, int] = (64, 64, 64, 64, 64)) -> torch.Tensor:
+    """ref.moe_experts for QWeight experts: x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I];
+    slots [T, K] (-1 = elsewhere); weights [T, K] -> [T, H] float32. blocks = (BLOCK_M,
+    BLOCK_N, BLOCK_K of A, BLOCK_N, BLOCK_K of B)."""
+    if act != "silu":
+        raise ValueError(f"unknown expert activation {act!r}")
+    T, H = x.shape
+    K, I = slots.shape[1], w_down.shape[2]
+    assert tuple(w_gate_up.shape[1:]) == (2 * I, H) and w_down.shape[1] == H and x.stride(1) == 1
+    bm, bn, bk, bn2, bk2 = blocks
+    order, tiles = _tiles(slots, bm)
+    y = torch.zeros(T * K, H, dtype=torch.float32, device=x.device)     # weighted, per route
+    if len(tiles):
+        prec = "ieee" if x.dtype == torch.float32 else "tf32"            # fp32: no TF32 rounding
+        h = torch.empty(T * K, I, dtype=x.dtype, device=x.device)      # by sorted position
+        parts, fmt = _parts(w_gate_up, bk)
+        _gate_up_gemm[(len(tiles), triton.cdiv(I, bn))](
+            x, *parts, tiles, order, h, H, I, K, x.stride(0), **fmt, PREC=prec, BLOCK_M=bm,
+            BLOCK_N=bn, BLOCK_K=bk, EVEN_K=H % bk == 0)
+        parts, fmt = _parts(w_down, bk2)
+        _down_gemm[(len(tiles), triton.cdiv(H, bn2))](
+            h, *parts, tiles, order, weights.reshape(-1).contiguous(), y, H, I, **fmt, PREC=prec,
+            BLOCK_M=bm, BLOCK_N=bn2, BLOCK_K=bk2, EVEN_K=I % bk2 == 0)
+    return y.view(T, K, H).sum(1)
