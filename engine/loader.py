@@ -100,9 +100,11 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
 
 
 def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0,
-                   progress: Callable[[str, int, int], None] | None = None) -> ModelRunner:
-    """A random-weight model of a real model's shape (see engine.synthetic)."""
-    from engine.synthetic import random_banks, random_dense, synthetic_config
+                   progress: Callable[[str, int, int], None] | None = None,
+                   quant: tuple[str, int] | None = None) -> ModelRunner:
+    """A random-weight model of a real model's shape (see engine.synthetic), its experts in bf16
+    or quantized as quant = (format, group) says."""
+    from engine.synthetic import expert_layout, random_banks, random_dense, synthetic_config
     cfg = synthetic_config(shape, layers)
     device = pick_device(config.device)
     dtype = compute_dtype(cfg.dtype, device)
@@ -114,8 +116,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     model.to(device, dtype).requires_grad_(False)
     model.rope = Rope(cfg.rope, cfg.head_dim, device)
     clock.mark("dense")
-    layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, DTYPES[cfg.dtype])
-    store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, layout)
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, expert_layout(cfg, quant))
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
     clock.mark("read")  # random experts written in place of the read
     if device.type == "cuda":

@@ -59,14 +59,38 @@ def random_dense(model: torch.nn.Module, gen: torch.Generator) -> None:
         p.data.copy_(data.to(p.dtype))
 
 
+def expert_layout(cfg: ModelConfig, quant: tuple[str, int] | None) -> "SlotLayout":
+    """The slot layout of the shape's experts: bf16, or quant = (format, group) of kernels.quant
+    (a group that does not divide a tiny shape's dimensions halves until it does)."""
+    from engine.moe.layout import SlotLayout
+    from kernels.quant import quantize
+    H, I = cfg.hidden_size, cfg.moe_intermediate_size
+    if quant is None:
+        return SlotLayout.for_experts(H, I, torch.bfloat16)
+    fmt, group = quant
+    while H % group or I % group:
+        group //= 2
+    return SlotLayout.for_qweights(fmt, {"gate_up": quantize(fmt, torch.zeros(2 * I, H), group),
+                                         "down": quantize(fmt, torch.zeros(H, I), group)})
+
+
 def random_banks(store, dtype: torch.dtype, gen: torch.Generator, distinct: int = 32,
                  progress=None) -> None:
-    """Fill the store's rows from a pool of `distinct` random experts (varied per layer);
-    progress(bytes done, total) after each layer."""
+    """Fill the store's rows from a pool of `distinct` random experts (varied per layer), quantized
+    when the store's layout is; progress(bytes done, total) after each layer."""
+    from kernels.quant import QWeight, quantize
     layout = store.layout
     pool = torch.zeros(distinct, layout.slot_bytes, dtype=torch.uint8)
     for v in layout.views(pool).values():
-        v.copy_((torch.randn(v.shape, generator=gen) * 0.02).to(dtype))
+        if isinstance(v, QWeight):
+            _, n, k = v.shape
+            for e in range(distinct):
+                q, sc, z, _ = quantize(v.fmt, torch.randn(n, k, generator=gen) * 0.02, v.block[1])
+                for dst, src in ((v.q, q), (v.s, sc), (v.z, z)):
+                    if src is not None:
+                        dst[e].copy_(src)
+        else:
+            v.copy_((torch.randn(v.shape, generator=gen) * 0.02).to(dtype))
     for layer, bank in enumerate(store.banks):
         idx = (torch.arange(bank.shape[0]) * 7 + layer * 13) % distinct
         torch.index_select(pool, 0, idx, out=bank)

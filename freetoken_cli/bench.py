@@ -15,6 +15,7 @@ from freetoken_cli.quality import quality
 Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, "
                                         "deepseek-v3, glm-4.5-air, tiny")
 Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
+Quant = typer.Option(None, "--quant", help="with --synthetic: experts in int4, int8, fp8 or mxfp4 (groups of 128; mxfp4: 32)")
 Threads = typer.Option(None, help="CPU expert threads")
 Device = typer.Option("auto", help="cuda | cpu | auto")
 Json = typer.Option(False, "--json", help="print rows as JSON")
@@ -30,6 +31,7 @@ app.command("quality")(quality)
 def decode(model: Optional[str] = ModelArg,
            synthetic: Optional[str] = Synthetic,
            layers: Optional[int] = Layers,
+           quant: Optional[str] = Quant,
            expert_budget: str = typer.Option("auto", help="expert cache size(s), comma list: 4GiB,8GiB,auto"),
            cpu_threads: Optional[int] = Threads,
            moe_policy: str = typer.Option("adaptive,fetch,cpu", help="comma list; adaptive-fixed = q* fixed at the profile's (with adaptive listed too, the two take turns repeat by repeat)"),
@@ -60,7 +62,7 @@ def decode(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context,
                         max_running=max(batches), kv_tokens=kv_tokens)
     cfg = replace(cfg, expert_budget=budgets[0])
-    runner = _load(cfg, model, synthetic, layers)
+    runner = _load(cfg, model, synthetic, layers, quant)
     if runner.max_context < max_context:
         from engine.errors import UserError
         raise UserError(f"--depth {max(depths)} needs {max_context} tokens of context with --tokens {tokens}, but the "
@@ -90,6 +92,7 @@ def decode(model: Optional[str] = ModelArg,
 def prefill(model: Optional[str] = ModelArg,
             synthetic: Optional[str] = Synthetic,
             layers: Optional[int] = Layers,
+            quant: Optional[str] = Quant,
             expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB"),
             cpu_threads: Optional[int] = Threads,
             mode: str = typer.Option("stream,routed,adaptive", help="comma list of prefill modes"),
@@ -110,7 +113,7 @@ def prefill(model: Optional[str] = ModelArg,
     sizes = _ints(lengths, "--lengths")
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
                         prefill_chunk=prefill_chunk)
-    runner = _load(cfg, model, synthetic, layers)
+    runner = _load(cfg, model, synthetic, layers, quant)
     prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
     rows = run(runner, cfg, modes, sizes, follow_up, prof)
     if out:
@@ -134,6 +137,7 @@ def prefill(model: Optional[str] = ModelArg,
 def startup(model: Optional[str] = ModelArg,
             synthetic: Optional[str] = Synthetic,
             layers: Optional[int] = Layers,
+            quant: Optional[str] = Quant,
             expert_budget: str = Budget,
             cpu_threads: Optional[int] = Threads,
             moe_policy: str = Policy,
@@ -149,7 +153,7 @@ def startup(model: Optional[str] = ModelArg,
     from engine.profile import load_or_measure
     started, imported = psutil.Process().create_time(), time.time()
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
-    runner = _load(cfg, model, synthetic, layers)
+    runner = _load(cfg, model, synthetic, layers, quant)
     t0 = time.perf_counter()
     if cfg.moe_policy == "adaptive":  # as `run` does
         runner.runtime.qstar.use_profile(load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True),
@@ -194,13 +198,18 @@ def _ints(text: str, option: str) -> list[int]:
     return [int(p) for p in parts]
 
 
-def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int]):
+def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int], quant: Optional[str]):
     """The runner to measure, with a progress bar while its experts load (or are built)."""
+    from engine.convert import DEFAULT_GROUP
+    from engine.errors import UserError
     from engine.loader import load_runner, load_synthetic
     from engine.resolve import ensure_ftw
+    if quant and (not synthetic or quant not in DEFAULT_GROUP):
+        raise UserError(f"--quant applies to --synthetic and takes {', '.join(DEFAULT_GROUP)}; "
+                        "for a checkpoint, convert it with `freetoken convert SRC OUT --quant F`")
     bar = Progress()
     try:
-        return load_synthetic(cfg, synthetic, layers, progress=bar) if synthetic else \
+        return load_synthetic(cfg, synthetic, layers, progress=bar, quant=quant and (quant, DEFAULT_GROUP[quant])) if synthetic else \
             load_runner(cfg, ensure_ftw(model), bar)
     finally:
         bar.close()

@@ -187,3 +187,19 @@ def test_bench_prefill_rows(tiny_hf):
         assert x["ttft_s"] > 0 and x["bound_s"] > 0
         assert (x["streamed_layers"] > 0) == (x["mode"] == "stream" and x["prompt"] == "cold")
     one_line_error(cli("bench", "prefill", tiny_hf, "--mode", "teleport"), "teleport")
+
+
+def test_bench_decode_synthetic_quantized_experts():
+    """--synthetic --quant F: the shape's experts in that format; a slot is smaller than bf16's, so
+    the same budget holds more experts, and the rows say how many bytes a fill moves."""
+    rows = {}
+    for quant in (None, "int4"):
+        args = ["--quant", quant] if quant else []
+        r = cli("bench", "decode", "--synthetic", "tiny", *args, "--device", "cpu", "--tokens", 2, "--repeats", 1,
+                "--expert-budget", "1MiB", "--moe-policy", "fetch", "--json")
+        assert r.exit_code == 0, r.output
+        [rows[quant]] = json.loads(r.stdout)["rows"]
+    assert rows["int4"]["hit_rate"] >= rows[None]["hit_rate"]
+    assert rows["int4"]["hit_bytes"] / max(rows["int4"]["hits"], 1e-9) < rows[None]["hit_bytes"] / max(rows[None]["hits"], 1e-9) / 2
+    r = cli("bench", "decode", "--synthetic", "tiny", "--quant", "int3", "--device", "cpu")
+    one_line_error(r, "--quant applies to --synthetic")
