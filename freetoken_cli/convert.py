@@ -3,7 +3,7 @@ from pathlib import Path
 
 import typer
 
-from freetoken_cli.common import Progress, user_errors
+from freetoken_cli.common import Progress, check_writable, user_errors
 
 
 @user_errors
@@ -17,6 +17,7 @@ def convert(src: str = typer.Argument(..., help="HuggingFace model directory or 
     from engine.resolve import hf_source
     if out.exists() and not force:
         raise UserError(f"{out} already exists; pass --force to overwrite it")
+    check_writable(out, "OUT", make_parents=True)
     bar = Progress()
     try:
         run_convert(hf_source(src), out, dtype, force, lambda d, t: bar("convert", d, t))

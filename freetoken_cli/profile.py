@@ -15,7 +15,9 @@ def profile(as_json: bool = typer.Option(False, "--json", help="print one JSON o
             out: Optional[Path] = typer.Option(None, help="also write the profile to this file"),
             cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)")):
     """Measure B_P (pinned expert fills), B_H (CPU expert executor), both concurrently, and ceilings."""
+    from engine.config import check_positive
     from engine.profile import measure, save
+    check_positive("--cpu-threads", cpu_threads)
     res = measure(threads=cpu_threads)
     saved = save(res)
     if out:

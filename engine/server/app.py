@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from engine.config import SamplingParams
-from engine.errors import UserError
+from engine.errors import UserError, user_error_types
 from engine.server.messages import APIError, merge_system
 from engine.server.parsers import REASONING_PARSERS, TOOL_PARSERS, OutputParser, opens_reasoning, select_parsers
 from engine.server.sse import Job
@@ -74,9 +74,10 @@ class Server:
             self.parsers = choose_parsers(o.tool_parser, o.reasoning_parser, llm.tokenizer.tok.chat_template,
                                           llm.engine.cfg.model_type)
             self.engine = ServingEngine(llm, o.model_name)
-        except Exception as e:  # the server stays up to report it; UserError is the user's to fix
-            self.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
-            if not isinstance(e, UserError):
+        except Exception as e:  # the server stays up to report it; a user error is the user's to fix
+            fixable = isinstance(e, user_error_types())
+            self.error = str(e) if fixable else f"{type(e).__name__}: {e}"
+            if not fixable:
                 log.exception("loading the model failed")
             if on_error:
                 on_error(self.error)
