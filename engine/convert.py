@@ -15,6 +15,7 @@ from engine.models import arch_module, canonical_name, model_config, read_hf_con
 from engine.models.base import DTYPES, ModelConfig
 from engine.moe.layout import SlotLayout
 from engine.moe.store import bank_name
+from engine.resolve import source_label
 
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "vocab.json",
@@ -117,7 +118,7 @@ def convert(src_dir: Path, out: Path, dtype: str = "auto", force: bool = False,
     check_names(src, cfg)
     layout = SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, dt)
     meta = {"model_type": cfg.model_type, "dtype": dt_name, "layout": layout.to_meta(),
-            "moe_layers": cfg.moe_layer_ids, "converter": CONVERTER, "source": src_dir.name}
+            "moe_layers": cfg.moe_layer_ids, "converter": CONVERTER, "source": source_label(src_dir)}
     with FTWWriter(out, fingerprint=fingerprint(src_dir, dt_name), meta=meta, force=force) as w:
         dense = sorted(n for n in src.where if not EXPERT.match(n) and not IGNORED.search(n))
         for layer in range(cfg.num_layers):
