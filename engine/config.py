@@ -57,6 +57,12 @@ def parse_chunk(text: str | int | None) -> int | None:
     return int(text)
 
 
+def check_positive(flag: str, value: int | None) -> None:
+    """A count the user gave (None = the default) must be at least 1."""
+    if value is not None and value < 1:
+        raise UserError(f"{flag} {value} is out of range; give a positive number")
+
+
 def parse_policy(text: str) -> str:
     if text in POLICIES or re.fullmatch(r"static:(\d+|auto)", text):
         return text
@@ -79,6 +85,11 @@ class EngineConfig:
     verify: bool = False                # verify FTW checksums at load
     graph: bool | None = None           # device-resident control + CUDA-graph decode; None = on CUDA
     prefill_mode: str = "adaptive"      # long prefill chunks: adaptive | stream | routed (engine.moe.prefill)
+
+    def __post_init__(self):
+        check_positive("--max-context", self.max_context)
+        check_positive("--max-running", self.max_running)
+        check_positive("--cpu-threads", self.cpu_threads)
 
 
 @dataclass(frozen=True)

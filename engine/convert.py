@@ -19,6 +19,7 @@ from engine.models import arch_module, canonical_name, dense_tensor, model_confi
 from engine.models.base import FLOAT_NAMES, ModelConfig
 from engine.moe.layout import SlotLayout
 from engine.moe.store import bank_name
+from engine.resolve import source_label
 from ftw.format import DTYPES
 from kernels.quant import FORMATS, QWeight, quantize
 
@@ -244,7 +245,7 @@ def convert(src_dir: Path, out: Path, dtype: str = "auto", force: bool = False,
     check_names(src, cfg)
     layout = expert_layout(src, cfg, dt, qt)
     meta = {"model_type": cfg.model_type, "dtype": dt_name, "layout": layout.to_meta(),
-            "moe_layers": cfg.moe_layer_ids, "converter": CONVERTER, "source": src_dir.name}
+            "moe_layers": cfg.moe_layer_ids, "converter": CONVERTER, "source": source_label(src_dir)}
     with FTWWriter(out, fingerprint=fingerprint(src_dir, dt_name, qt), meta=meta, force=force) as w:
         dense = sorted(n for n in src.where if not EXPERT.match(n) and not IGNORED.search(n))
         for layer in range(cfg.num_layers):

@@ -79,9 +79,11 @@ class LLM:
     def check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise UserError("the prompt is empty; give some text")
-        if len(ids) >= self.runner.max_context:
-            raise UserError(f"the prompt has {len(ids)} tokens but the context holds {self.runner.max_context}; "
-                            "shorten it or raise --max-context")
+        limit, trained = self.runner.max_context, self.runner.cfg.max_position_embeddings
+        if len(ids) >= limit:
+            fix = (f"shorten it ({trained} tokens is the model's trained length; a larger --max-context does not help)"
+                   if limit >= trained else f"shorten it or raise --max-context (up to {trained}, the model's trained length)")
+            raise UserError(f"the prompt has {len(ids)} tokens but the context holds {limit}; {fix}")
 
     def generate(self, prompt: list[int], params: SamplingParams,
                  progress: Callable[[int, int], None] | None = None) -> Iterator[int]:

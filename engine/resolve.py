@@ -1,8 +1,11 @@
-"""MODEL argument -> FTW directory: an FTW directory is used as is; a HF directory or hub id is
-converted once into the user cache directory and reused while its fingerprint matches."""
+"""MODEL argument -> FTW directory: an FTW directory (or the name of a converted model in the
+cache) is used as is; a HF directory or hub id is converted once into the user cache directory
+and reused while its fingerprint matches. Also the cache's listing and removal."""
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -15,6 +18,19 @@ DEMO = Path(__file__).parent / "demo" / "model"
 
 def is_ftw(path: Path) -> bool:
     return (path / "ftw.json").is_file()
+
+
+def models_dir() -> Path:
+    """Where converted models live, one FTW directory each."""
+    return cache_dir() / "models"
+
+
+def source_label(src: Path) -> str:
+    """What a conversion came from: the hub id of a hub snapshot, else the absolute directory."""
+    src = src.absolute()
+    if src.parent.name == "snapshots" and src.parent.parent.name.startswith("models--"):
+        return src.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return str(src)
 
 
 def hf_source(model: str) -> Path:
@@ -41,12 +57,39 @@ def ensure_ftw(model: str | None, dtype: str = "auto",
     path = Path(model).expanduser() if model else DEMO
     if is_ftw(path):
         return path
+    if model and is_ftw(models_dir() / model):
+        return models_dir() / model
     src = hf_source(str(path))
     dt = target_dtype(model_config(read_hf_config(src)), dtype)
     fp = fingerprint(src, dt)
     name = re.sub(r"[^\w.-]+", "_", (model or "demo").strip("/"))[-60:]
-    out = cache_dir() / "models" / f"{name}-{dt}-{fp[:12]}"
+    out = models_dir() / f"{name}-{dt}-{fp[:12]}"
     if is_ftw(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     return convert(src, out, dt, force=True, progress=progress)
+
+
+def converted_models() -> list[dict]:
+    """The converted models in the cache: name, source, format (the stored dtype), bytes, path.
+    A directory whose index cannot be read is listed with "?" so that it can still be removed."""
+    rows = []
+    for path in sorted(models_dir().iterdir()) if models_dir().is_dir() else []:
+        if not is_ftw(path):
+            continue  # a conversion in progress or cut short
+        try:
+            meta = json.loads((path / "ftw.json").read_text())["meta"]
+        except (ValueError, KeyError, TypeError):
+            meta = {}
+        rows.append({"name": path.name, "source": meta.get("source", "?"), "format": meta.get("dtype", "?"),
+                     "bytes": sum(f.stat().st_size for f in path.rglob("*") if f.is_file()), "path": path})
+    return rows
+
+
+def remove_converted(name: str) -> Path:
+    """Delete converted model NAME (as `converted_models` lists it) from the cache."""
+    path = models_dir() / name
+    if Path(name).name != name or name in (".", "..") or not is_ftw(path):
+        raise UserError(f"no converted model {name!r} in {models_dir()}; `freetoken ls` lists them")
+    shutil.rmtree(path)
+    return path

@@ -16,6 +16,7 @@ class Tokenizer:
         except Exception as e:  # transformers raises many types for missing/corrupt files
             raise UserError(f"cannot load the tokenizer in {path} ({type(e).__name__}: {e}); "
                             "the model directory needs tokenizer files") from None
+        self.tok.model_max_length = 2**62  # the engine checks the context; no second warning from transformers
         self.eos_ids = self._eos_ids(path)
 
     def _eos_ids(self, path: Path) -> set[int]:

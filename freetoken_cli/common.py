@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import functools
 import sys
+import tempfile
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -19,16 +21,28 @@ def user_errors(fn):
     """Turn mistakes a user can fix into one line on stderr and exit code 1."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from engine.errors import UserError
-        from ftw import FTWError
+        from engine.errors import user_error_types
         try:
             return fn(*args, **kwargs)
-        except (UserError, FTWError) as e:
-            fail(str(e))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # first: the next clause imports ftw (torch), which Ctrl-C may have cut short
             typer.echo("", err=True)
             raise typer.Exit(130)
+        except user_error_types() as e:
+            fail(str(e))
     return wrapper
+
+
+def check_writable(path: Path, what: str, make_parents: bool = False) -> None:
+    """Fail before any work when `path` cannot be written: its directory (with make_parents, the
+    nearest one that exists) must take a new file."""
+    from engine.errors import UserError
+    d = path.expanduser().absolute().parent
+    while make_parents and not d.exists():
+        d = d.parent
+    try:
+        tempfile.TemporaryFile(dir=d).close()
+    except OSError as e:
+        raise UserError(f"cannot write {what} {path} ({d}: {e.strerror}); choose another path") from None
 
 
 def engine_config(model: Optional[str], device: str, expert_budget: str, moe_policy: str,
@@ -48,6 +62,7 @@ Policy = typer.Option("adaptive", help="miss policy: adaptive | fetch | cpu | st
 Threads = typer.Option(None, help="CPU expert threads (default: physical cores)")
 Context = typer.Option(32768, help="context length in tokens")
 Chunk = typer.Option("auto", help="tokens per prefill chunk (auto: as many as free device memory holds)")
+Verify = typer.Option(False, "--verify", help="check every tensor's checksum while loading (reads the model twice)")
 NoGraph = typer.Option(False, "--no-graph", help="eager decode (no CUDA graphs, host-side expert control)")
 
 

@@ -4,7 +4,7 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import Progress, user_errors
+from freetoken_cli.common import Progress, check_writable, user_errors
 
 
 @user_errors
@@ -22,6 +22,7 @@ def convert(src: str = typer.Argument(..., help="HuggingFace model directory or 
     from engine.resolve import hf_source
     if out.exists() and not force:
         raise UserError(f"{out} already exists; pass --force to overwrite it")
+    check_writable(out, "OUT", make_parents=True)
     bar = Progress()
     try:
         run_convert(hf_source(src), out, dtype, force, lambda d, t: bar("convert", d, t), quant, group_size)

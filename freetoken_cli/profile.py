@@ -17,7 +17,9 @@ def profile(as_json: bool = typer.Option(False, "--json", help="print one JSON o
             fmt: str = typer.Option("bfloat16", "--format", help="expert format measured: bfloat16 (used for "
                                     "every float model) | int4 | int8 | fp8 | mxfp4 (run and serve use the model's)")):
     """Measure B_P (pinned expert fills), B_H (CPU expert executor), both concurrently, and ceilings."""
+    from engine.config import check_positive
     from engine.profile import measure, save
+    check_positive("--cpu-threads", cpu_threads)
     res = measure(threads=cpu_threads, fmt=fmt)
     saved = save(res)
     if out:

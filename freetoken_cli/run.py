@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import Budget, Chunk, Context, Device, ModelArg, NoGraph, Policy, Threads, Progress, engine_config, user_errors
+from freetoken_cli.common import (Budget, Chunk, Context, Device, ModelArg, NoGraph, Policy, Progress, Threads, Verify,
+                                  check_writable, engine_config, user_errors)
 
 
 @user_errors
@@ -29,6 +30,7 @@ def run(model: Optional[str] = ModelArg,
         max_context: int = Context,
         no_graph: bool = NoGraph,
         prefill_chunk: str = Chunk,
+        verify: bool = Verify,
         record_trace: Optional[Path] = typer.Option(None, help="save the routed expert ids (.npy) for bench --routing trace:FILE"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="print stats to stderr")):
@@ -37,11 +39,13 @@ def run(model: Optional[str] = ModelArg,
     from engine.llm import LLM
     interactive = prompt is None and sys.stdin is not None and sys.stdin.isatty()
     text = None if interactive else _read_prompt(prompt)
+    if record_trace:
+        check_writable(record_trace, "--record-trace")
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, ignore_eos=ignore_eos)
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context,
                         no_graph or record_trace is not None,  # recording reads ids on the host
-                        prefill_chunk=prefill_chunk)
+                        prefill_chunk=prefill_chunk, verify=verify)
     bar = Progress(quiet=as_json)
     try:
         llm = LLM(cfg, bar, say=lambda m: typer.echo(m, err=True) if verbose else None)
@@ -86,5 +90,7 @@ def _read_prompt(prompt: Optional[str]) -> str:
     piped = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     if prompt is None and piped is None:
         raise UserError("no prompt: pass --prompt TEXT or pipe text on stdin (interactive chat needs a terminal)")
-    parts = [p for p in (prompt, piped) if p]
-    return "\n\n".join(parts)
+    text = "\n\n".join(p for p in (prompt, piped) if p and p.strip())
+    if not text:
+        raise UserError("the prompt is empty: give some text with --prompt or on stdin")
+    return text

@@ -3,11 +3,17 @@
 uvicorn starts at once; the model loads in a background thread while /health reports progress."""
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import sys
+import threading
 from typing import Optional
 
 import typer
 
-from freetoken_cli.common import Budget, Chunk, Context, Device, ModelArg, NoGraph, Policy, Threads, engine_config, fail, user_errors
+from freetoken_cli.common import (Budget, Chunk, Context, Device, ModelArg, NoGraph, Policy, Threads, Verify, engine_config,
+                                  fail, user_errors)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -30,6 +36,7 @@ def serve(model: Optional[str] = ModelArg,
           max_context: int = Context,
           no_graph: bool = NoGraph,
           prefill_chunk: str = Chunk,
+          verify: bool = Verify,
           log_level: str = typer.Option("info", help="uvicorn log level")):
     """Serve MODEL to agents: /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages."""
     import uvicorn
@@ -37,19 +44,49 @@ def serve(model: Optional[str] = ModelArg,
     from engine.llm import LLM
     from engine.server.app import create_app
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context, no_graph,
-                        max_running=max_running, prefill_chunk=prefill_chunk)
-    if host not in LOOPBACK and not api_key:
-        typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
-    failed: list[str] = []
+                        max_running=max_running, prefill_chunk=prefill_chunk, verify=verify)
+    failed, loaded = [], threading.Event()
+
+    def load(progress):
+        try:
+            return LLM(cfg, progress)
+        finally:
+            loaded.set()
 
     def on_load_error(message: str) -> None:
         failed.append(message)
         server.should_exit = True
 
-    app = create_app(lambda progress: LLM(cfg, progress), served_model_name or model or "freetoken-demo",
+    app = create_app(load, served_model_name or model or "freetoken-demo",
                      api_key=api_key, tool_parser=tool_call_parser, reasoning_parser=reasoning_parser,
                      keep_billing_header=keep_billing_header, on_load_error=on_load_error)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
-    server.run()
+    sock = listen(host, port)
+    if host not in LOOPBACK and not api_key:
+        typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+    logging.getLogger("uvicorn.error").info("FreeToken listening on http://%s:%d (Ctrl-C to quit)",
+                                           f"[{host}]" if ":" in host else host, port)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        if not loaded.is_set():  # the interpreter's teardown under the loading thread would abort the process
+            sys.stderr.flush()
+            os._exit(130)
+        raise
     if failed:
         fail(failed[0])
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind before the model starts loading, so a bad port or host is one line, not a crash."""
+    from engine.errors import UserError
+    if not 0 < port < 65536:
+        raise UserError(f"--port {port} is out of range; give a port from 1 to 65535")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --port or --host") from None
+    return sock

@@ -203,3 +203,93 @@ def test_bench_decode_synthetic_quantized_experts():
     assert rows["int4"]["hit_bytes"] / max(rows["int4"]["hits"], 1e-9) < rows[None]["hit_bytes"] / max(rows[None]["hits"], 1e-9) / 2
     r = cli("bench", "decode", "--synthetic", "tiny", "--quant", "int3", "--device", "cpu")
     one_line_error(r, "--quant applies to --synthetic")
+
+
+def test_version():
+    from importlib.metadata import version
+    r = cli("--version")
+    assert r.exit_code == 0 and r.stdout.strip() == f"freetoken {version('freetoken')}"
+
+
+def test_ls_verify_rm_the_converted_models(tiny_hf, tmp_path, monkeypatch):
+    monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path / "cache"))
+    r = cli("ls")
+    assert r.exit_code == 0 and not r.stdout and "no converted models" in r.stderr
+    assert cli("run", tiny_hf, "-p", "x", "--raw", "--max-tokens", 1, "--device", "cpu").exit_code == 0
+    r = cli("ls")
+    assert r.exit_code == 0, r.output
+    header, row = r.stdout.splitlines()
+    assert header.split() == ["NAME", "SOURCE", "FORMAT", "SIZE"]
+    name, source, fmt, size, unit = row.split()
+    assert source == str(tiny_hf) and fmt == "float32" and unit in ("KiB", "MiB") and float(size) > 0
+    r = cli("verify", name)
+    assert r.exit_code == 0 and "every checksum matches" in r.stdout, r.output
+    ftw = tmp_path / "cache" / "models" / name
+    corrupt_an_expert(ftw)
+    one_line_error(cli("verify", name), "model.layers.0.mlp.experts", "corrupt")
+    one_line_error(cli("verify", ftw), "corrupt")
+    one_line_error(cli("run", name, "-p", "x", "--raw", "--max-tokens", 1, "--device", "cpu", "--verify"), "corrupt")
+    assert cli("rm", name).exit_code == 0 and not ftw.exists()
+    assert "no converted models" in cli("ls").stderr
+    one_line_error(cli("rm", name), "freetoken ls")
+    one_line_error(cli("rm", ".."), "freetoken ls")
+
+
+def corrupt_an_expert(ftw: Path) -> None:
+    """Flip bytes inside layer 0's expert bank, leaving every size as it was."""
+    entry = json.loads((ftw / "ftw.json").read_text())["tensors"]["model.layers.0.mlp.experts"]
+    with open(ftw / entry["shard"], "r+b") as f:
+        f.seek(entry["offset"] + 100)
+        data = f.read(8)
+        f.seek(entry["offset"] + 100)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def test_bad_run_options_are_one_line_before_any_work(tiny_hf, tmp_path):
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--cpu-threads", -3), "--cpu-threads -3")
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--max-context", 0), "--max-context 0")
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--max-context", -1), "--max-context -1")
+    one_line_error(cli("run", tiny_hf, "-p", "hi", "--record-trace", "/nonexistent/t.npy"), "/nonexistent")
+    one_line_error(cli("run", tiny_hf, "-p", ""), "empty")
+    one_line_error(cli("run", tiny_hf, input=""), "empty")  # like `< /dev/null`
+    one_line_error(cli("convert", tiny_hf, "/proc/out"), "/proc/out")
+    one_line_error(cli("serve", tiny_hf, "--port", 99999), "--port 99999")
+    one_line_error(cli("profile", "--cpu-threads", 0), "--cpu-threads 0")
+
+
+def test_the_context_advice_names_the_trained_length(tiny_hf):
+    long = "hi " * 600  # over the tiny model's 512 trained positions
+    r = cli("run", tiny_hf, "-p", long, "--raw", "--max-context", 8192, "--device", "cpu")
+    one_line_error(r, "512 tokens is the model's trained length")
+    assert "raise --max-context" not in r.stderr
+    one_line_error(cli("run", tiny_hf, "-p", long, "--raw", "--max-context", 256, "--device", "cpu"),
+                   "raise --max-context (up to 512")
+
+
+@pytest.mark.parametrize("damage", ["truncated shard", "corrupt index"])
+def test_serve_refuses_a_damaged_checkpoint_in_one_line(tiny_hf, tmp_path, damage):
+    import socket
+    ftw = tmp_path / "ftw"
+    assert cli("convert", tiny_hf, ftw).exit_code == 0
+    if damage == "truncated shard":
+        with open(ftw / "shard-00000.ftw", "r+b") as f:
+            f.truncate(4096)
+    else:
+        (ftw / "ftw.json").write_text("{")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "freetoken_cli.main", "serve", str(ftw), "--device", "cpu",
+                          "--port", str(port), "--log-level", "warning"],
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: "), out.stderr
+    assert ("truncated" if damage == "truncated shard" else "corrupt") in out.stderr
+
+
+def test_serve_refuses_a_port_in_use_in_one_line(tiny_hf):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        one_line_error(cli("serve", tiny_hf, "--port", s.getsockname()[1]), "already in use")

@@ -15,7 +15,7 @@ from urllib.parse import unquote
 from fastapi import Request
 
 from engine.config import SamplingParams
-from engine.errors import UserError
+from engine.errors import UserError, user_error_types
 from engine.server.messages import APIError, merge_system
 from engine.server.parsers import REASONING_PARSERS, TOOL_PARSERS, OutputParser, opens_reasoning, select_parsers
 from engine.server.sse import Job
@@ -65,9 +65,10 @@ class Server:
             self.parsers = choose_parsers(o.tool_parser, o.reasoning_parser, llm.tokenizer.tok.chat_template,
                                           llm.runner.cfg.model_type)
             self.batcher = Batcher(llm, o.model_name)
-        except Exception as e:  # the server stays up to report it; UserError is the user's to fix
-            self.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
-            if not isinstance(e, UserError):
+        except Exception as e:  # the server stays up to report it; a user error is the user's to fix
+            fixable = isinstance(e, user_error_types())
+            self.error = str(e) if fixable else f"{type(e).__name__}: {e}"
+            if not fixable:
                 log.exception("loading the model failed")
             if on_error:
                 on_error(self.error)
