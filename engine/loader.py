@@ -118,7 +118,7 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     """KV pool, expert cache and runtime around loaded weights."""
     layout = store.layout
     max_context = min(config.max_context, cfg.max_position_embeddings)
-    kv_tokens = config.kv_tokens or max_context * config.max_running
+    kv_tokens = config.kv_tokens or max_context
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
                 cfg.num_kv_heads, cfg.head_dim, dtype, device)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)

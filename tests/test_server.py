@@ -487,7 +487,7 @@ def test_conversions_to_template_messages():
         {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Hm."}]},
         {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
         {"type": "function_call_output", "call_id": "c1", "output": "sunny"}, {"type": "web_search_call"}])
-    assert m.merge_system(responses) == want
+    assert m.fold_system(responses, True) == want
     billing = {"type": "text", "text": "x-anthropic-billing-header: cch=1;"}
     anthropic = m.anthropic_messages([billing, {"type": "text", "text": "Be brief.\n\nUse tools."}], [
         USER[0], {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hm.", "signature": "s"},
