@@ -49,17 +49,18 @@ class Constraint:
         self.bits = torch.zeros((tokenizer.vocab_size + 31) // 32, dtype=torch.int32)
         self.shifts: torch.Tensor | None = None
 
-    def mask_(self, logits: torch.Tensor) -> torch.Tensor:
-        """Set the logits of every token the grammar forbids to -inf (in place) and return them."""
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits with every token the grammar forbids at -inf (a copy: the forward's output
+        is an inference tensor, and a CUDA graph's static buffer)."""
         self.m.unsafe_compute_mask_ptr(self.bits.data_ptr(), self.bits.numel() * 4)
         if self.shifts is None or self.shifts.device != logits.device:
             self.shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
         words = self.bits.to(logits.device, non_blocking=True)
         allowed = ((words.unsqueeze(-1) >> self.shifts) & 1).view(-1).bool()
         n = min(logits.numel(), allowed.numel())
-        logits[:n].masked_fill_(~allowed[:n], float("-inf"))
-        logits[n:] = float("-inf")
-        return logits
+        out = torch.full_like(logits, float("-inf"))
+        out[:n] = logits[:n].masked_fill(~allowed[:n], float("-inf"))
+        return out
 
     def advance(self, token: int) -> None:
         if not self.m.consume_token(token):

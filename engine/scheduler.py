@@ -146,7 +146,7 @@ class Scheduler:
                 if len(s.output) < len(forced):
                     tok = forced[len(s.output)]
                 elif s.constraint:
-                    tok = sample_row(s.constraint.mask_(row), s.params, s.gen)
+                    tok = sample_row(s.constraint.mask(row), s.params, s.gen)
                 else:
                     tok = sample_row(row, s.params, s.gen)
                 if s.constraint:

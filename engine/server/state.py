@@ -122,7 +122,7 @@ class Server:
         try:
             llm.check_prompt(ids)
             limits = [n for n in (max_tokens, cap) if n is not None]
-            rules = grammar(output, self.tokenizer.tok, tool, reasoning, starts)
+            rules = grammar(output, llm.grammars, tool, reasoning, starts)
             if rules:
                 llm.grammars.check(rules)
             params = SamplingParams(max_tokens=min(limits, default=llm.runner.max_context), stop=_stops(stop),

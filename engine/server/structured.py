@@ -10,10 +10,12 @@ follows the active parsers (engine.server.parsers), so what it allows is exactly
 - tool calls as `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (hermes; also what
   the qwen3_coder parser reads), or a gpt-oss `commentary to=functions.NAME` message, with the
   arguments matching the tool's schema;
-- compact JSON (no free whitespace, which a weak model fills forever), then end of turn.
+- compact JSON (no free whitespace, which a weak model fills forever), then end of turn. Schema
+  keywords the grammar compiler does not implement (propertyNames, ...) are ignored, and oneOf
+  is read as anyOf, so every client schema gives a grammar.
 
-A tag that is one special token of the model's tokenizer is matched as that token, otherwise as
-text."""
+A tag that is one added token of the model's tokenizer (llguidance keeps those apart from text)
+is matched as that token, otherwise as text."""
 from __future__ import annotations
 
 import json
@@ -22,7 +24,7 @@ from typing import Any
 
 from engine.server.messages import APIError
 
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS = {"whitespace_flexible": False, "lenient": True, "coerce_one_of": True}
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def openai_format(fmt: Any, where: str) -> dict | None:
     raise APIError(400, f"{where} must be of type text, json_object or json_schema", param=where)
 
 
-def grammar(spec: OutputSpec, tokenizer, tool_parser: str | None, reasoning_parser: str | None,
+def grammar(spec: OutputSpec, grammars, tool_parser: str | None, reasoning_parser: str | None,
             starts_in_reasoning: bool) -> str | None:
     """The Lark grammar (llguidance dialect) for spec under these parsers; None if unconstrained."""
     if spec.empty:
@@ -65,7 +67,7 @@ def grammar(spec: OutputSpec, tokenizer, tool_parser: str | None, reasoning_pars
     if spec.tools and tool_parser is None:
         raise APIError(400, "this model has no tool-call format, so tool_choice cannot force a call; "
                        "serve it with --tool-call-parser", param="tool_choice")
-    lit = _Literals(tokenizer)
+    lit = _Literals(grammars)
     if "harmony" in (tool_parser, reasoning_parser):
         return _harmony(spec, lit)
     rules = {"body": _calls(spec, lit) if spec.tools else _json(spec.schema)}
@@ -112,18 +114,23 @@ def _harmony(spec: OutputSpec, lit: "_Literals") -> str:
 
 
 class _Literals:
-    """Tags as grammar atoms: one special token of the tokenizer, or text."""
+    """Tags as grammar atoms: a special token (in llguidance's sense) of the tokenizer, or text."""
 
-    def __init__(self, tokenizer):
-        self.special = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    def __init__(self, grammars):
+        self.grammars = grammars
         self.extra: dict[str, str] = {}
 
+    def special(self, text: str) -> bool:
+        tid = self.grammars.hf.convert_tokens_to_ids(text)
+        return isinstance(tid, int) and tid != self.grammars.hf.unk_token_id and \
+            self.grammars.tokenizer.is_special_token(tid)
+
     def __call__(self, text: str) -> str:
-        return text if text in self.special else json.dumps(text)
+        return text if self.special(text) else json.dumps(text)
 
     def until(self, end: str, name: str) -> str:
         """Free text up to and including `end`; adds the rule `name` for the text."""
-        if end in self.special:  # text can never contain the special token
+        if self.special(end):  # text can never contain the special token
             self.extra[name] = "/(?s:.*)/"
             return f"{name} {end}"
         self.extra[f"{name}[stop={json.dumps(end)}]"] = "/(?s:.*)/"
