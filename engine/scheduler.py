@@ -131,7 +131,8 @@ class Scheduler:
         self._admit()
         t0 = time.perf_counter()
         plan = self._plan()
-        reserved = [s for s, n in plan if self._reserve(s, n)]
+        # a reservation may preempt sequences planned before or after it: keep the survivors
+        reserved = [s for s, n in plan if s in self.running and self._reserve(s, n)]
         plan = [(s, n) for s, n in plan if s in reserved and s in self.running]
         if not plan:
             return []

@@ -1,7 +1,8 @@
 """The real agent clients against `freetoken serve`: Claude Code and Codex CLI from the npm
 registry (installed once into a stable cache directory, FREETOKEN_TEST_NPM or
 ~/.cache/freetoken-test-npm), run non-interactively with their default tools and system prompts
-against a live server on a tiny random qwen3_moe with a 64k context and a template with tools.
+against a live server on a tiny random qwen3_moe with a 64k context and a template with tools,
+configured with the README's own client sections (the port and the key aside).
 Request bodies recorded from both clients (tests/fixtures: Claude Code's turn with its
 mid-conversation system message and its title request with output_config.format, a Codex turn)
 are replayed through the official SDKs with schemas and forced tool calls.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -28,7 +30,8 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 DEMO = Path(__file__).resolve().parents[1] / "engine" / "demo" / "model"
 CLIENTS = {"claude": "@anthropic-ai/claude-code@2.1.197", "codex": "@openai/codex@0.171.0"}
-MODEL, KEY, CAP = "tiny-agent", "agent-key", 256
+MODEL, KEY, CAP = "freetoken-demo", "agent-key", 256  # the README's served name
+README = Path(__file__).resolve().parents[1] / "README.md"
 NPM_DIR = Path(os.environ.get("FREETOKEN_TEST_NPM") or Path.home() / ".cache" / "freetoken-test-npm")
 
 
@@ -91,6 +94,13 @@ def server(tmp_path_factory):
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
+def readme_block(lang: str, base: str) -> str:
+    """The README's client example in a ```lang block, pointed at this server."""
+    text = README.read_text()
+    block = text.split(f"```{lang}\n", 1)[1].split("```", 1)[0]
+    return block.replace("http://127.0.0.1:8000", base).replace("=KEY", f"={KEY}")
+
+
 def _stats(base: str) -> dict:
     return httpx.get(base + "/v1/stats", headers={"authorization": f"Bearer {KEY}"}).json()
 
@@ -99,9 +109,11 @@ def test_claude_code_two_turns(bins, server, tmp_path):
     base, _ = server
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir(), home.mkdir()
-    env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": KEY,
-           "ANTHROPIC_MODEL": MODEL, "ANTHROPIC_SMALL_FAST_MODEL": MODEL, "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
-           "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    *assignments, command = shlex.split(readme_block("sh", base))
+    assert command == "claude"
+    env = {**os.environ, "HOME": str(home), "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           **dict(a.split("=", 1) for a in assignments)}
+    assert env["ANTHROPIC_MODEL"] == MODEL and env["ANTHROPIC_BASE_URL"] == base
 
     def turn(*args) -> dict:
         r = subprocess.run([str(bins["claude"]), "-p", *args, "--output-format", "json"], cwd=work, env=env,
@@ -124,9 +136,9 @@ def test_codex_exec(bins, server, tmp_path):
     home, codex_home, work = tmp_path / "home", tmp_path / "codex", tmp_path / "work"
     for p in (home, codex_home, work):
         p.mkdir()
-    (codex_home / "config.toml").write_text(
-        f'model = "{MODEL}"\nmodel_provider = "freetoken"\n\n[model_providers.freetoken]\nname = "FreeToken"\n'
-        f'base_url = "{base}/v1"\nwire_api = "responses"\nenv_key = "FREETOKEN_API_KEY"\n')
+    config = readme_block("toml", base)
+    assert f'model = "{MODEL}"' in config and f'base_url = "{base}/v1"' in config
+    (codex_home / "config.toml").write_text(config)
     env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(codex_home), "FREETOKEN_API_KEY": KEY}
     r = subprocess.run([str(bins["codex"]), "exec", "--skip-git-repo-check", "Write a Python function that adds "
                         "two numbers."], cwd=work, env=env, capture_output=True, text=True, timeout=600,

@@ -62,7 +62,8 @@ class MessagesRequest(CountRequest):
             raise m.APIError(400, "output_config.format must be {type: json_schema, schema: {...}}",
                              param="output_config.format")
         schema = json_schema(fmt.get("schema"), "output_config.format.schema") if fmt else None
-        parallel = not (self.tool_choice or {}).get("disable_parallel_tool_use")
+        choice = self.tool_choice or {}  # a named tool is called once
+        parallel = choice.get("type") == "any" and not choice.get("disable_parallel_tool_use")
         return OutputSpec(schema, tools if forced else [], parallel)
 
 
