@@ -78,10 +78,10 @@ class EngineConfig:
     moe_policy: str = "adaptive"
     cpu_threads: int | None = None      # CPU expert executor threads; None = physical cores
     max_context: int = 32768            # tokens per sequence (capped by the model)
-    max_running: int = 1                # sequences decoded together
+    max_running: int = 1                # sequences decoded together (they share the KV pool)
     prefill_chunk: int | None = None    # tokens per prefill forward; None = from free memory at load
     page_size: int = 16                 # tokens per KV page
-    kv_tokens: int | None = None        # KV pool size in tokens; None = max_context * max_running
+    kv_tokens: int | None = None        # KV pool size in tokens; None = max_context
     verify: bool = False                # verify FTW checksums at load
     graph: bool | None = None           # device-resident control + CUDA-graph decode; None = on CUDA
     prefill_mode: str = "adaptive"      # long prefill chunks: adaptive | stream | routed (engine.moe.prefill)
@@ -102,6 +102,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     forced: tuple[int, ...] = ()        # tests: emit these tokens first (the forward still runs)
+    grammar: str | None = None          # sample only what this grammar allows (engine.constrain)
 
     def __post_init__(self):
         if self.max_tokens < 0 or self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:

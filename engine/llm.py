@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
 from engine.config import EngineConfig, SamplingParams
+from engine.constrain import Grammars
 from engine.errors import UserError
 from engine.loader import load_runner
 from engine.moe.cache import CacheStats
@@ -54,7 +55,9 @@ class LLM:
             self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say, fmt=self.runner.runtime.store.layout.dtype))
         self.tokenizer = Tokenizer(path)
         r = self.runner
-        self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk)
+        self.grammars = Grammars(self.tokenizer.tok, self.tokenizer.eos_ids)
+        self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk,
+                                   grammars=self.grammars)
         self.stats = GenStats()
 
     @property

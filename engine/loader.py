@@ -143,7 +143,7 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     persist_compile_caches()  # before the graph warm-up compiles anything
     layout = store.layout
     max_context = min(config.max_context, cfg.max_position_embeddings)
-    kv_tokens = config.kv_tokens or max_context * config.max_running
+    kv_tokens = config.kv_tokens or max_context
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
                 *cfg.kv_row, dtype, device, values=cfg.mla is None)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)

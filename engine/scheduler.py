@@ -1,6 +1,12 @@
 """Requests and steps: each step decodes every running sequence by one token and, when a
 prompt is waiting, adds one prefill chunk of it to the same batch (chunked prefill), so a long
-prompt never freezes other streams."""
+prompt never freezes other streams.
+
+The running sequences share one KV pool (--max-context tokens by default, so running more
+requests costs no memory up front). When a step needs pages the pool does not have, the prefix
+cache gives back unused pages first; then the most recently admitted sequences are preempted:
+their pages go to the prefix cache and they wait at the head of the queue, to resume (mostly
+from that cache) when there is room. The oldest sequence always fits, so every request ends."""
 from __future__ import annotations
 
 import itertools
@@ -11,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import SamplingParams
+from engine.constrain import Constraint, Grammars
 from engine.kv.batch import ForwardBatch
 from engine.kv.radix import RadixCache
 from engine.sampling import generator, sample_row
@@ -26,8 +33,10 @@ class Sequence:
     n_cached: int = 0                    # tokens whose KV is written
     cached: int = 0                      # prompt tokens reused from the prefix cache
     pages: list[int] = field(default_factory=list)
-    finish: str | None = None            # stop | length | abort | error
+    finish: str | None = None            # stop | length (max_tokens) | context (window full) | abort | error
     error: Exception | None = None
+    admitted: bool = False
+    constraint: Constraint | None = None  # the grammar's state, when params.grammar is set
     id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self):
@@ -45,13 +54,13 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, runner, eos_ids: set[int], max_running: int, prefill_chunk: int,
-                 prefix_cache: bool = True):
-        self.runner, self.kv, self.eos = runner, runner.kv, eos_ids
+                 prefix_cache: bool = True, grammars: Grammars | None = None):
+        self.runner, self.kv, self.eos, self.grammars = runner, runner.kv, eos_ids, grammars
         self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, runner.max_context
         self.prefix = RadixCache(self.kv) if prefix_cache else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0)
+        self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0, preempted=0)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -68,10 +77,23 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
-            seq = self.waiting.popleft()
+            seq = self.waiting[0]
+            if self.running and self._short(seq):
+                return  # wait for room rather than preempt the sequences already running
+            self.waiting.popleft()
             seq.pages = self.prefix.match(seq.tokens) if self.prefix else []
-            seq.n_cached = seq.cached = len(seq.pages) * self.kv.page_size
+            seq.n_cached = len(seq.pages) * self.kv.page_size
+            if not seq.admitted:
+                seq.cached, seq.admitted = seq.n_cached, True
+                if seq.params.grammar and seq.constraint is None:
+                    seq.constraint = self.grammars.matcher(seq.params.grammar)
             self.running.append(seq)
+
+    def _short(self, seq: Sequence) -> bool:
+        """True if the pool (with what the prefix cache could give back) lacks the pages of the
+        sequence's first chunk."""
+        first = min(len(seq.tokens), self.chunk) + 1
+        return -(-first // self.kv.page_size) > len(self.kv.free) + (self.prefix.evictable() if self.prefix else 0)
 
     def _plan(self) -> list[tuple[Sequence, int]]:
         """(sequence, tokens to feed) for this step: all decodes plus one prefill chunk."""
@@ -81,22 +103,39 @@ class Scheduler:
             plan.append((prefill, min(prefill.pending, self.chunk)))
         return plan
 
-    def _reserve(self, seq: Sequence, n: int) -> None:
+    def _reserve(self, seq: Sequence, n: int) -> bool:
+        """Pages for n more tokens of seq, preempting newer sequences if needed; False if even
+        that is not enough (seq is then preempted itself)."""
         need = -(-(seq.n_cached + n) // self.kv.page_size) - len(seq.pages)
+        while need > len(self.kv.free):
+            if self.prefix and self.prefix.evict(need - len(self.kv.free)):
+                continue
+            newer = self.running[self.running.index(seq) + 1:]
+            if not newer:
+                self._preempt(seq)
+                return False
+            self._preempt(newer[-1])
         if need > 0:
-            if need > len(self.kv.free) and self.prefix:
-                self.prefix.evict(need - len(self.kv.free))
             seq.pages += self.kv.alloc(need)
+        return True
+
+    def _preempt(self, s: Sequence) -> None:
+        self.running.remove(s)
+        self._donate(s)
+        s.n_cached = 0
+        self.waiting.appendleft(s)
+        self.totals["preempted"] += 1
 
     def step(self) -> list[tuple[Sequence, int]]:
         """Run one forward; returns (sequence, new token) for every sequence that sampled."""
         self._admit()
+        t0 = time.perf_counter()
         plan = self._plan()
+        # a reservation may preempt sequences planned before or after it: keep the survivors
+        reserved = [s for s, n in plan if s in self.running and self._reserve(s, n)]
+        plan = [(s, n) for s, n in plan if s in reserved and s in self.running]
         if not plan:
             return []
-        t0 = time.perf_counter()
-        for s, n in plan:
-            self._reserve(s, n)
         batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.pages) for s, n in plan],
                                    self.kv.page_size, self.runner.device)
         logits = self.runner.forward(batch, self.kv)
@@ -105,7 +144,14 @@ class Scheduler:
             s.n_cached += n
             if s.pending == 0:
                 forced = s.params.forced
-                tok = forced[len(s.output)] if len(s.output) < len(forced) else sample_row(row, s.params, s.gen)
+                if len(s.output) < len(forced):
+                    tok = forced[len(s.output)]
+                elif s.constraint:
+                    tok = sample_row(s.constraint.mask(row), s.params, s.gen)
+                else:
+                    tok = sample_row(row, s.params, s.gen)
+                if s.constraint:
+                    s.constraint.advance(tok)
                 s.tokens.append(tok)
                 out.append((s, tok))
                 self._check_finish(s, tok)
@@ -125,14 +171,20 @@ class Scheduler:
     def _check_finish(self, s: Sequence, tok: int) -> None:
         if tok in self.eos and not s.params.ignore_eos:
             s.finish = "stop"
-        elif len(s.output) >= s.params.max_tokens or len(s.tokens) >= self.max_context:
+        elif len(s.output) >= s.params.max_tokens:
             s.finish = "length"
+        elif len(s.tokens) >= self.max_context:
+            s.finish = "context"
         if s.finish:
             self._retire(s)
 
     def _retire(self, s: Sequence) -> None:
         if s in self.running:
             self.running.remove(s)
+        self._donate(s)
+
+    def _donate(self, s: Sequence) -> None:
+        """Give the sequence's full pages to the prefix cache and release its own references."""
         if self.prefix:
             self.prefix.insert(s.tokens[:s.n_cached], s.pages)
         self.kv.release(s.pages)

@@ -18,6 +18,13 @@ log = logging.getLogger("freetoken.engine")
 
 
 @dataclass
+class Start:
+    """The prompt is in (first token sampled): how much of it came from the prefix cache."""
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
 class Delta:
     text: str
     token_ids: list[int]
@@ -25,7 +32,7 @@ class Delta:
 
 @dataclass
 class Finish:
-    reason: str                 # stop | length | abort
+    reason: str                 # stop | length (max_tokens) | context (window full) | abort
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -86,18 +93,22 @@ class Batcher:
             self._inbox.append((op, seq))
             self._lock.notify()
 
-    async def generate(self, prompt: list[int], params: SamplingParams) -> AsyncIterator[Delta | Finish]:
-        """Stream Delta(text, ids) chunks, then one Finish. Stop strings end the text early."""
+    async def generate(self, prompt: list[int], params: SamplingParams) -> AsyncIterator[Start | Delta | Finish]:
+        """Stream a Start, Delta(text, ids) chunks, then one Finish. Stop strings end the text early."""
         self.llm.check_prompt(prompt)
         seq, q = Sequence(list(prompt), params), asyncio.Queue()
         self._sinks[seq.id] = (asyncio.get_running_loop(), q)
         dec, stop = self.tokenizer.decoder(), StopText(params.stop)
         self._post("add", seq)
+        started = False
         try:
             while True:
                 tok, finish = await q.get()
                 if finish == "error":
                     raise seq.error
+                if not started:
+                    started = True
+                    yield Start(seq.n_prompt, seq.cached)
                 hit = None
                 if tok is not None and not (finish == "stop" and tok in self.tokenizer.eos_ids):
                     text, hit = stop.feed(dec.add(tok))

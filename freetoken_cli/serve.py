@@ -24,7 +24,10 @@ def serve(model: Optional[str] = ModelArg,
           port: int = typer.Option(8000, help="port to listen on"),
           api_key: Optional[str] = typer.Option(None, help="require this key (Authorization: Bearer or x-api-key)"),
           served_model_name: Optional[str] = typer.Option(None, help="model name clients send (default: MODEL)"),
-          max_running: int = typer.Option(1, help="requests decoded together; each adds --max-context tokens of KV"),
+          max_running: int = typer.Option(4, min=1, help="requests decoded together (they share one KV pool of "
+                                                         "--max-context tokens)"),
+          max_output_tokens: Optional[int] = typer.Option(None, min=1, help="cap every answer at N tokens "
+                                                                             "(clients may ask for fewer)"),
           tool_call_parser: str = typer.Option("auto", help="auto | none | hermes | qwen3_coder | glm45 | harmony"),
           reasoning_parser: str = typer.Option("auto", help="auto | none | think | harmony"),
           keep_billing_header: bool = typer.Option(False, "--keep-billing-header",
@@ -59,7 +62,8 @@ def serve(model: Optional[str] = ModelArg,
 
     app = create_app(load, served_model_name or model or "freetoken-demo",
                      api_key=api_key, tool_parser=tool_call_parser, reasoning_parser=reasoning_parser,
-                     keep_billing_header=keep_billing_header, on_load_error=on_load_error)
+                     keep_billing_header=keep_billing_header, max_output_tokens=max_output_tokens,
+                     on_load_error=on_load_error)
     sock = listen(host, port)
     if host not in LOOPBACK and not api_key:
         typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)

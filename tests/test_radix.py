@@ -62,3 +62,27 @@ def test_second_turn_reuses_prefix_and_side_request_keeps_it(tiny_model):
     # reuse is exact: the same prompt without the cache gives the same tokens
     fresh = Scheduler(e, set(), 1, 64, prefix_cache=False)
     assert run(fresh, convo + first.output + [7, 8, 9]).output == second.output
+
+
+def test_shared_pool_preempts_newest_and_every_request_ends(tiny_model):
+    """Three requests that together need more KV than the pool holds: the newest are preempted
+    (their KV parked in the prefix cache) and resume; each answer equals its run alone."""
+    e = load(tiny_model("qwen3_moe")[2], kv_tokens=256, max_running=3)
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 256, (90,), generator=g).tolist() for _ in range(3)]
+    alone = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=40).output for p in prompts]
+    sched = Scheduler(e, set(), 3, 64)
+    seqs = [Sequence(list(p), SamplingParams(max_tokens=40)) for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    while any(not s.finish for s in seqs):
+        sched.step()
+    assert [s.output for s in seqs] == alone and all(s.finish == "length" for s in seqs)
+    assert sched.totals["preempted"] > 0
+    assert e.kv.used == sched.prefix.pages  # only the prefix cache holds pages now
+
+
+def test_context_full_is_its_own_finish(tiny_model):
+    e = load(tiny_model("qwen3_moe")[2], max_context=64)
+    seq = run(Scheduler(e, set(), 1, 64), list(range(1, 60)), n=100)
+    assert seq.finish == "context" and len(seq.tokens) == 64

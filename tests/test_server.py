@@ -487,7 +487,7 @@ def test_conversions_to_template_messages():
         {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Hm."}]},
         {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
         {"type": "function_call_output", "call_id": "c1", "output": "sunny"}, {"type": "web_search_call"}])
-    assert m.merge_system(responses) == want
+    assert m.fold_system(responses, True) == want
     billing = {"type": "text", "text": "x-anthropic-billing-header: cch=1;"}
     anthropic = m.anthropic_messages([billing, {"type": "text", "text": "Be brief.\n\nUse tools."}], [
         USER[0], {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hm.", "signature": "s"},
@@ -502,3 +502,167 @@ def test_conversions_to_template_messages():
     assert chat == want
     with pytest.raises(m.APIError):
         m.openai_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+# ---- empty conversations, system messages anywhere, usage, stop reasons ----------------------
+
+EMPTY = {  # path: bodies that hold no message to answer
+    "/v1/chat/completions": [{"model": MODEL, "messages": []}],
+    "/v1/responses": [{"model": MODEL, "input": []}],
+    "/v1/messages": [{"model": MODEL, "max_tokens": 4, "messages": []},
+                     {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": []}]},
+                     {"model": MODEL, "max_tokens": 4, "system": "Be brief.", "messages": []}],
+    "/v1/messages/count_tokens": [{"model": MODEL, "messages": []}],
+}
+
+
+def test_empty_conversation_is_4xx_and_keeps_the_connection(live):
+    import http.client
+    conn = http.client.HTTPConnection(live.base.removeprefix("http://"), timeout=60)
+    headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+    conn.request("GET", "/health")
+    conn.getresponse().read()
+    sock = conn.sock
+    for path, bodies in EMPTY.items():
+        for body in bodies:
+            conn.request("POST", path, json.dumps(body), headers)
+            r = conn.getresponse()
+            data = json.loads(r.read())
+            assert r.status == 400 and r.getheader("connection") != "close", (path, body, data)
+            if path.startswith("/v1/messages"):
+                assert data["type"] == "error" and data["error"]["type"] == "invalid_request_error"
+            else:
+                assert set(data["error"]) == {"message", "type", "param", "code"}
+            assert "empty" in (data["error"]["message"]) or "messages" in data["error"]["message"], data
+    conn.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "def f(x):", "max_tokens": 2}), headers)
+    r = conn.getresponse()
+    assert r.status == 200 and json.loads(r.read())["usage"]["completion_tokens"] >= 1
+    assert conn.sock is sock  # the same keep-alive connection served every request
+
+
+def test_system_messages_anywhere(live, ant):
+    from engine.server.messages import fold_system
+    msgs = [{"role": "user", "content": "Hi."}, {"role": "system", "content": "Mind the tests."},
+            {"role": "user", "content": [{"type": "text", "text": "Go."}]}]
+    n = ant.messages.count_tokens(model=MODEL, system="Be brief.", messages=msgs).input_tokens
+    rendered = live.tokenizer.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."},
+                                    {"role": "system", "content": "Mind the tests."}, {"role": "user", "content": "Go."}])
+    assert live.app.state.server.later_system and n == len(rendered)  # the demo template takes it in place
+    r = ant.messages.create(model=MODEL, max_tokens=3, system="Be brief.", messages=msgs)
+    assert r.usage.input_tokens + r.usage.cache_read_input_tokens == n
+    folded = fold_system([{"role": "system", "content": "A"}, {"role": "system", "content": "B"},
+                          {"role": "user", "content": "u1"}, {"role": "system", "content": "C"},
+                          {"role": "assistant", "content": "a"}, {"role": "system", "content": "D"},
+                          {"role": "user", "content": "u2"}, {"role": "system", "content": "E"}], later_ok=False)
+    reminder = "<system-reminder>\n{}\n</system-reminder>".format
+    assert folded == [{"role": "system", "content": "A\n\nB"}, {"role": "user", "content": "u1"},
+                      {"role": "assistant", "content": "a"},
+                      {"role": "user", "content": f"{reminder('C')}\n\n{reminder('D')}\n\nu2"},
+                      {"role": "user", "content": reminder("E")}]
+
+
+def test_message_start_usage_matches_message_delta(ant):
+    msgs = [{"role": "user", "content": "Explain what a Python decorator does, with an example. " * 8}]
+    for turn in range(2):
+        raw = list(ant.messages.create(model=MODEL, max_tokens=3, messages=msgs, stream=True))
+        start, delta = raw[0].message.usage, raw[-2].usage
+        assert (start.input_tokens, start.cache_read_input_tokens) == (delta.input_tokens, delta.cache_read_input_tokens)
+    assert start.cache_read_input_tokens > 0  # the second turn came from the prefix cache
+
+
+def test_stop_reasons(live, oai, ant):
+    """The client's limit, the context window and the server's cap, in each API's words."""
+    args = dict(model=MODEL, messages=USER)
+    assert oai.chat.completions.create(**args, max_tokens=2).choices[0].finish_reason == "length"
+    assert ant.messages.create(**args, max_tokens=2).stop_reason == "max_tokens"
+    short = oai.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    assert short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens"
+    # a prompt that leaves 20 tokens of a 2048-token context, and a forced answer of 200
+    filler = live.tokenizer.encode("x = 1\n" * 2000, special=False)[:2000]
+    overhead = len(live.tokenizer.chat([{"role": "user", "content": live.tokenizer.decode(filler)}])) - len(filler)
+    full = [{"role": "user", "content": live.tokenizer.decode(filler[:2028 - overhead])}]
+    long = force(" ".join(["word"] * 200))
+    assert oai.chat.completions.create(model=MODEL, messages=full, extra_headers=long).choices[0].finish_reason == "length"
+    assert ant.messages.create(model=MODEL, max_tokens=4000, messages=full,
+                               extra_headers=long).stop_reason == "model_context_window_exceeded"
+    failed = oai.responses.create(model=MODEL, input=full, extra_headers=long)
+    assert failed.status == "failed" and failed.error.code == "context_length_exceeded"
+    events = [e.type for e in oai.responses.create(model=MODEL, input=full, extra_headers=long, stream=True)]
+    assert events[-1] == "response.failed"
+    # the server's --max-output-tokens: a normal end of turn where clients would retry or fail
+    from dataclasses import replace
+    server = live.app.state.server
+    options, server.options = server.options, replace(server.options, max_output_tokens=3)
+    try:
+        assert ant.messages.create(**args, max_tokens=100).stop_reason == "end_turn"
+        capped = oai.responses.create(model=MODEL, input="hi", max_output_tokens=100)
+        assert capped.status == "completed" and capped.usage.output_tokens == 3
+        assert oai.chat.completions.create(**args).choices[0].finish_reason == "length"
+        assert ant.messages.create(**args, max_tokens=2).stop_reason == "max_tokens"  # the client's is lower
+    finally:
+        server.options = options
+
+
+# ---- structured outputs and forced tool calls --------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+                                                                           "maximum": 9}},
+          "required": ["ok", "n"], "additionalProperties": False}
+UNIT = {"name": "set_unit", "description": "Choose the unit",
+        "parameters": {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+                       "required": ["unit"], "additionalProperties": False}}
+
+
+def _valid(obj: dict) -> bool:
+    return set(obj) == {"ok", "n"} and isinstance(obj["ok"], bool) and 0 <= obj["n"] <= 9
+
+
+def test_json_schema_outputs(oai, ant):
+    fmt = {"type": "json_schema", "json_schema": {"name": "check", "schema": SCHEMA, "strict": True}}
+    for seed in range(3):
+        r = oai.chat.completions.create(model=MODEL, messages=USER, response_format=fmt, seed=seed, max_tokens=64)
+        assert _valid(json.loads(r.choices[0].message.content)) and r.choices[0].finish_reason == "stop"
+    chunks = oai.chat.completions.create(model=MODEL, messages=USER, response_format=fmt, stream=True, max_tokens=64)
+    assert _valid(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)))
+    r = oai.responses.create(model=MODEL, input="Check it.", max_output_tokens=64, text={"format": {
+        "type": "json_schema", "name": "check", "schema": SCHEMA}})
+    assert _valid(json.loads(r.output_text)) and r.text.format.type == "json_schema"
+    m = ant.messages.create(model=MODEL, max_tokens=64, messages=USER,
+                            extra_body={"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}})
+    assert _valid(json.loads(m.content[0].text)) and m.stop_reason == "end_turn"
+    obj = oai.chat.completions.create(model=MODEL, messages=USER, response_format={"type": "json_object"},
+                                      max_tokens=12, temperature=0)
+    assert obj.choices[0].message.content.startswith("{")
+
+
+def test_forced_tool_calls(oai, ant):
+    tools = [OAI_TOOL, {"type": "function", "function": UNIT}]
+    for choice in ("required", {"type": "function", "function": {"name": "set_unit"}}):
+        r = oai.chat.completions.create(model=MODEL, messages=USER, tools=tools, tool_choice=choice, max_tokens=200,
+                                        parallel_tool_calls=False, temperature=0)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, r
+        if choice != "required":
+            assert calls[0].function.name == "set_unit"
+            assert json.loads(calls[0].function.arguments)["unit"] in ("celsius", "fahrenheit")
+    r = oai.responses.create(model=MODEL, input="Weather?", tools=[RESP_TOOL, {"type": "function", **UNIT}],
+                             tool_choice={"type": "function", "name": "set_unit"}, max_output_tokens=64)
+    assert [o.type for o in r.output] == ["function_call"] and r.output[0].name == "set_unit"
+    ant_unit = {"name": UNIT["name"], "description": UNIT["description"], "input_schema": UNIT["parameters"]}
+    for choice in ({"type": "tool", "name": "set_unit"}, {"type": "any", "disable_parallel_tool_use": True}):
+        m = ant.messages.create(model=MODEL, max_tokens=200, messages=USER, tools=[ANT_TOOL, ant_unit],
+                                tool_choice=choice, extra_body={"temperature": 0})
+        assert m.stop_reason == "tool_use" and [b.type for b in m.content] == ["tool_use"], m
+    assert m.content[0].name in ("get_weather", "set_unit")
+
+
+def test_bad_output_format(live):
+    bodies = {"/v1/chat/completions": {"model": MODEL, "messages": USER, "response_format": {"type": "xml"}},
+              "/v1/responses": {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema",
+                                                                                    "schema": 3}}},
+              "/v1/messages": {"model": MODEL, "max_tokens": 4, "messages": USER,
+                               "output_config": {"format": {"type": "regex"}}}}
+    for path, body in bodies.items():
+        r = live.http.post(path, json=body)
+        assert r.status_code == 400, (path, r.text)
+    live.alive()

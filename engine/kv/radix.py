@@ -69,6 +69,15 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last, id(parent), parent))
         return freed
 
+    def evictable(self) -> int:
+        """Pages only the tree references (what evict could give back)."""
+        stack, n = list(self.root.children.values()), 0
+        while stack:
+            node = stack.pop()
+            n += self.kv.refs[node.page] == 1
+            stack.extend(node.children.values())
+        return n
+
     def _leaves(self):
         stack = list(self.root.children.values())
         while stack:

@@ -7,8 +7,11 @@ A stream is `message_start`, then per content block (`thinking`, `text`, `tool_u
 and `message_stop`; a fault mid-stream is an `error` event. Usage follows Anthropic: prompt
 tokens served from the prefix cache are `cache_read_input_tokens`, the rest `input_tokens`.
 Claude Code's per-request billing line in the first system block is dropped before templating
-(see messages.anthropic_system). The non-streaming answer is the final message of the same
-state machine."""
+(see messages.anthropic_system), and its `system` messages after the first turn are kept in place
+(messages.fold_system). `message_start` is sent once the prompt is in, so its usage already splits
+the prompt into cached and uncached tokens, as `message_delta` does. `output_config.format`
+(json_schema) and `tool_choice` any / tool constrain the output (engine.server.structured).
+The non-streaming answer is the final message of the same state machine."""
 from __future__ import annotations
 
 import json
@@ -20,14 +23,18 @@ from engine.server import messages as m
 from engine.server.state import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from engine.server.sse import Job, finish_reason, reply, sse
-from engine.serving import Finish
+from engine.server.structured import OutputSpec, json_schema
+from engine.serving import Finish, Start
 
 router = APIRouter()
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
+# the server's --max-output-tokens ends a turn like the model would: a max_tokens stop makes
+# Claude Code ask the model to resume
+STOP_REASONS = {"stop": "end_turn", "cap": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+                "context": "model_context_window_exceeded", "abort": "end_turn"}
 
 
 class Message(m.Body):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict]
 
 
@@ -47,18 +54,30 @@ class MessagesRequest(CountRequest):
     top_p: float | None = None
     top_k: int | None = None
     stop_sequences: list[str] | None = None
+    output_config: dict | None = None
+
+    def output(self, tools: list[dict], forced: bool) -> OutputSpec:
+        fmt = (self.output_config or {}).get("format")
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "json_schema"):
+            raise m.APIError(400, "output_config.format must be {type: json_schema, schema: {...}}",
+                             param="output_config.format")
+        schema = json_schema(fmt.get("schema"), "output_config.format.schema") if fmt else None
+        choice = self.tool_choice or {}  # a named tool is called once
+        parallel = choice.get("type") == "any" and not choice.get("disable_parallel_tool_use")
+        return OutputSpec(schema, tools if forced else [], parallel)
 
 
-def prompt(body: CountRequest, s: Server) -> tuple[list[int], bool]:
-    """(prompt ids, parse tool calls?) for a request."""
+def prompt(body: CountRequest, s: Server) -> tuple[list[int], list[dict], bool]:
+    """(prompt ids, tools offered, is a call forced?) for a request."""
     choice = body.tool_choice or {}
-    mode = {"any": "required", "tool": "required"}.get(choice.get("type"), choice.get("type") or "auto")
-    tools, enabled = m.choose_tools(m.anthropic_tools(body.tools or []), mode, choice.get("name"))
+    kind = choice.get("type") or "auto"
+    mode = "required" if kind in ("any", "tool") else kind
+    tools, _ = m.choose_tools(m.anthropic_tools(body.tools or []), mode, choice.get("name"))
     msgs = m.anthropic_messages(body.system, [x.model_dump(exclude_none=True) for x in body.messages],
                                 s.options.keep_billing_header)
     thinking = (body.thinking or {}).get("type")
     kwargs = {"enable_thinking": thinking == "enabled"} if thinking in ("enabled", "disabled") else {}
-    return s.render(msgs, tools, **kwargs), enabled
+    return s.render(msgs, tools, **kwargs), tools, mode == "required" and bool(tools)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -69,9 +88,10 @@ async def count_tokens(body: CountRequest, s: Server = Depends(get_server)) -> d
 
 @router.post("/v1/messages")
 async def create(body: MessagesRequest, request: Request, s: Server = Depends(get_server)):
-    ids, enabled = prompt(body, s)
-    job = s.job(request, ids, body.model, enabled, max_tokens=body.max_tokens, stop=body.stop_sequences,
-                temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
+    ids, tools, forced = prompt(body, s)
+    job = s.job(request, ids, body.model, bool(tools), max_tokens=body.max_tokens, stop=body.stop_sequences,
+                output=body.output(tools, forced), temperature=body.temperature, top_p=body.top_p,
+                top_k=body.top_k)
     state = MessageStream(job)
     return await reply(state, s.batcher, job, body.stream, lambda: state.message)
 
@@ -91,7 +111,9 @@ class MessageStream:
     def emit(kind: str, **data) -> str:
         return sse({"type": kind, **data}, kind)
 
-    def head(self) -> list[str]:
+    def head(self, start: Start) -> list[str]:
+        self.message["usage"].update(input_tokens=start.prompt_tokens - start.cached_tokens,
+                                     cache_read_input_tokens=start.cached_tokens)
         return [self.emit("message_start", message=self.message)]
 
     def event(self, ev: Event) -> list[str]:

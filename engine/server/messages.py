@@ -109,13 +109,33 @@ def assistant(content: str = "", reasoning: str = "", calls: list[dict] | None =
     return msg
 
 
-def merge_system(messages: list[dict]) -> list[dict]:
+def fold_system(messages: list[dict], later_ok: bool) -> list[dict]:
     """Join the leading system messages (instructions, developer items) into one: many chat
-    templates accept only one system message, and only at the start."""
+    templates accept only one system message, and only at the start. A later system message
+    (Claude Code sends one mid-conversation; Codex sends developer items) stays where it is if
+    the template renders it there (later_ok); otherwise it goes into the next user turn as a
+    `<system-reminder>` block, in order, the way Claude Code itself falls back."""
     n = next((i for i, msg in enumerate(messages) if msg["role"] != "system"), len(messages))
-    if n < 2:
-        return messages
-    return [{"role": "system", "content": "\n\n".join(msg["content"] for msg in messages[:n])}] + messages[n:]
+    out = [{"role": "system", "content": "\n\n".join(msg["content"] for msg in messages[:n])}] if n else []
+    held: list[str] = []
+    for msg in messages[n:]:
+        if msg["role"] == "system" and not later_ok:
+            held.append(f"<system-reminder>\n{msg['content']}\n</system-reminder>")
+        elif msg["role"] == "user" and held:
+            out.append({**msg, "content": "\n\n".join(held + [msg["content"]])})
+            held = []
+        else:
+            out.append(msg)
+    if held:
+        out.append({"role": "user", "content": "\n\n".join(held)})
+    return out
+
+
+def check_not_empty(messages: list[dict], where: str) -> None:
+    """A conversation needs something besides system text to answer."""
+    if all(msg["role"] == "system" for msg in messages):
+        raise APIError(400, f"{where}: the conversation is empty; send at least one message with content",
+                       param=where)
 
 
 # ---- OpenAI chat completions -------------------------------------------------------------
@@ -190,10 +210,12 @@ def anthropic_messages(system: Any, messages: list[dict], keep_billing: bool) ->
     sys_text = anthropic_system(system, keep_billing)
     out = [{"role": "system", "content": sys_text}] if sys_text else []
     for i, m in enumerate(messages):
-        content = m["content"]
+        content, where = m["content"], f"messages[{i}].content"
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        convert = _assistant_blocks if m["role"] == "assistant" else _user_blocks
-        out += convert(blocks, f"messages[{i}].content")
+        if m["role"] == "system":  # Claude Code's mid-conversation system messages
+            out.append({"role": "system", "content": text_of(blocks, where)})
+        else:
+            out += (_assistant_blocks if m["role"] == "assistant" else _user_blocks)(blocks, where)
     return out
 
 

@@ -14,9 +14,12 @@ from engine.server import messages as m
 from engine.server.state import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from engine.server.sse import EventStream, Job, collect, encode, events, finish_reason, sse
-from engine.serving import Finish
+from engine.server.structured import OutputSpec, openai_format
+from engine.serving import Finish, Start
 
 router = APIRouter()
+# chat completions word every cut answer as length (the client's limit, the server's, the context)
+FINISH_REASONS = {"cap": "length", "context": "length"}
 
 
 class Function(m.Body):
@@ -72,6 +75,8 @@ class ChatRequest(Sampling):
     messages: list[Message]
     tools: list[Tool] | None = None
     tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict | None = None
     max_completion_tokens: int | None = None
     chat_template_kwargs: dict | None = None
 
@@ -79,6 +84,10 @@ class ChatRequest(Sampling):
 class CompletionRequest(Sampling):
     prompt: str | list[int]
     max_tokens: int | None = 16  # the Completions API default
+
+
+def _reason(reason: str) -> str:
+    return FINISH_REASONS.get(reason, reason)
 
 
 def usage(fin: Finish) -> dict:
@@ -91,11 +100,14 @@ def usage(fin: Finish) -> dict:
 async def chat(body: ChatRequest, request: Request, s: Server = Depends(get_server)):
     tools = [m.tool(t.function.name, t.function.description, t.function.parameters, f"tools[{i}]")
              for i, t in enumerate(body.tools or [])]
-    tools, enabled = m.choose_tools(tools, *m.openai_tool_choice(body.tool_choice))
+    mode, name = m.openai_tool_choice(body.tool_choice)
+    tools, enabled = m.choose_tools(tools, mode, name)
     msgs = m.openai_messages([x.model_dump(exclude_none=True) for x in body.messages])
     ids = s.render(msgs, tools, **(body.chat_template_kwargs or {}))
     sampling = {**body.sampling(), "max_tokens": body.max_completion_tokens or body.max_tokens}
-    job = s.job(request, ids, body.model, enabled, **sampling)
+    output = OutputSpec(openai_format(body.response_format, "response_format"),
+                        tools if mode == "required" else [], body.parallel_tool_calls and name is None)
+    job = s.job(request, ids, body.model, enabled, output=output, **sampling)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return EventStream(encode(ChatStream(job, include_usage), events(s.batcher, job)))
@@ -107,7 +119,7 @@ async def chat(body: ChatRequest, request: Request, s: Server = Depends(get_serv
         msg["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
                              for i, n, a in res.calls]
     return {"id": f"chatcmpl-{job.id}", "object": "chat.completion", "created": job.created, "model": job.model,
-            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": res.reason}],
+            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": _reason(res.reason)}],
             "usage": usage(res.finish)}
 
 
@@ -122,7 +134,7 @@ class ChatStream:
         return {"id": f"chatcmpl-{j.id}", "object": "chat.completion.chunk", "created": j.created, "model": j.model,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
-    def head(self) -> list[str]:
+    def head(self, start: Start) -> list[str]:
         return [sse(self.chunk({"role": "assistant", "content": ""}))]
 
     def event(self, ev: Event) -> list[str]:
@@ -141,7 +153,7 @@ class ChatStream:
         return [sse(self.chunk(delta))]
 
     def tail(self, fin: Finish) -> list[str]:
-        last = self.chunk({}, finish_reason(fin, self.calls))
+        last = self.chunk({}, _reason(finish_reason(fin, self.calls)))
         extra = [sse({**last, "choices": [], "usage": usage(fin)})] if self.include_usage else []
         return [sse(last), *extra, "data: [DONE]\n\n"]
 
@@ -159,7 +171,7 @@ async def completions(body: CompletionRequest, request: Request, s: Server = Dep
         return EventStream(encode(CompletionStream(job, include_usage), events(s.batcher, job)))
     res = await collect(events(s.batcher, job))
     return {"id": f"cmpl-{job.id}", "object": "text_completion", "created": job.created, "model": job.model,
-            "choices": [{"index": 0, "text": res.text, "logprobs": None, "finish_reason": res.reason}],
+            "choices": [{"index": 0, "text": res.text, "logprobs": None, "finish_reason": _reason(res.reason)}],
             "usage": usage(res.finish)}
 
 
@@ -171,5 +183,5 @@ class CompletionStream(ChatStream):
         return {"id": f"cmpl-{j.id}", "object": "text_completion", "created": j.created, "model": j.model,
                 "choices": [{"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish}]}
 
-    def head(self) -> list[str]:
+    def head(self, start: Start) -> list[str]:
         return []

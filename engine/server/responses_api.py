@@ -3,10 +3,15 @@
 A stream is `response.created`, `response.in_progress`, then per output item (reasoning,
 message, function_call) `response.output_item.added`, its deltas (`response.reasoning_text.delta`,
 `response.output_text.delta`, `response.function_call_arguments.delta`) and
-`response.output_item.done`, and finally `response.completed` (or `response.incomplete` at the
-token limit, `response.failed` on error) carrying usage with `input_tokens_details.cached_tokens`.
-Tools of types other than `function` (web_search, ...) are ignored. The non-streaming answer is
-the final response object of the same state machine."""
+`response.output_item.done`, and finally `response.completed`, carrying usage with
+`input_tokens_details.cached_tokens`. An answer cut by the client's `max_output_tokens` ends with
+`response.incomplete` (reason max_output_tokens); one cut by the server's --max-output-tokens ends
+as completed (Codex treats an incomplete response as an error); one that filled the context
+window ends with `response.failed`, error code context_length_exceeded (the code Codex reads as
+a full context window); an error during generation with `response.failed`. Tools of types other
+than `function` (web_search, ...) are ignored. `text.format` (json_object, json_schema) and
+`tool_choice` required / a named function constrain the output (engine.server.structured). The
+non-streaming answer is the final response object of the same state machine."""
 from __future__ import annotations
 
 import uuid
@@ -17,7 +22,8 @@ from engine.server import messages as m
 from engine.server.state import Server, get_server
 from engine.server.parsers import Event, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from engine.server.sse import Job, reply, sse
-from engine.serving import Finish
+from engine.server.structured import OutputSpec, openai_format
+from engine.serving import Finish, Start
 
 router = APIRouter()
 
@@ -28,6 +34,8 @@ class ResponsesRequest(m.Body):
     instructions: str | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    text: dict | None = None
     stream: bool = False
     max_output_tokens: int | None = None
     temperature: float | None = 1.0
@@ -40,11 +48,15 @@ async def responses(body: ResponsesRequest, request: Request, s: Server = Depend
     if body.previous_response_id:
         raise m.APIError(400, "previous_response_id is not supported (responses are not stored); "
                          "send the whole conversation as input", param="previous_response_id")
-    tools, enabled = m.choose_tools(m.responses_tools(body.tools or []), *m.openai_tool_choice(body.tool_choice))
-    ids = s.render(m.responses_messages(body.instructions, body.input), tools)
-    job = s.job(request, ids, body.model, enabled, max_tokens=body.max_output_tokens,
+    mode, name = m.openai_tool_choice(body.tool_choice)
+    tools, enabled = m.choose_tools(m.responses_tools(body.tools or []), mode, name)
+    ids = s.render(m.responses_messages(body.instructions, body.input), tools, where="input")
+    fmt = (body.text or {}).get("format")
+    output = OutputSpec(openai_format(fmt, "text.format"), tools if mode == "required" else [],
+                        body.parallel_tool_calls and name is None)
+    job = s.job(request, ids, body.model, enabled, max_tokens=body.max_output_tokens, output=output,
                 temperature=body.temperature, top_p=body.top_p)
-    state = ResponseStream(job, body.tools or [])
+    state = ResponseStream(job, body.tools or [], body.tool_choice or "auto", fmt or {"type": "text"})
     return await reply(state, s.batcher, job, body.stream, lambda: state.response)
 
 
@@ -55,12 +67,12 @@ def _id(prefix: str) -> str:
 class ResponseStream:
     """Builds the response's output items from parser events and emits the matching events."""
 
-    def __init__(self, job: Job, tools: list[dict]):
+    def __init__(self, job: Job, tools: list[dict], tool_choice: str | dict, fmt: dict):
         self.job, self.seq = job, 0
         self.response = {"id": f"resp_{job.id}", "object": "response", "created_at": job.created,
                          "status": "in_progress", "model": job.model, "output": [], "usage": None, "error": None,
-                         "incomplete_details": None, "parallel_tool_calls": True, "tool_choice": "auto",
-                         "tools": tools, "text": {"format": {"type": "text"}}}
+                         "incomplete_details": None, "parallel_tool_calls": True, "tool_choice": tool_choice,
+                         "tools": tools, "text": {"format": fmt}}
         self.item: dict | None = None  # the output item being streamed
         self.failed: m.APIError | None = None
 
@@ -68,7 +80,7 @@ class ResponseStream:
         self.seq += 1
         return sse({"type": kind, "sequence_number": self.seq - 1, **data}, kind)
 
-    def head(self) -> list[str]:
+    def head(self, start: Start) -> list[str]:
         return [self.emit("response.created", response=self.response),
                 self.emit("response.in_progress", response=self.response)]
 
@@ -143,6 +155,12 @@ class ResponseStream:
         if fin.reason == "length":
             r["status"], r["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
             return out + [self.emit("response.incomplete", response=r)]
+        if fin.reason == "context":
+            r["status"], r["error"] = "failed", {
+                "code": "context_length_exceeded",
+                "message": f"the conversation filled the model's context window ({fin.prompt_tokens + fin.completion_tokens}"
+                           " tokens); start a new conversation or compact this one"}
+            return out + [self.emit("response.failed", response=r)]
         r["status"] = "completed"
         return out + [self.emit("response.completed", response=r)]
 

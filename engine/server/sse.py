@@ -1,13 +1,17 @@
 """Streaming plumbing shared by the APIs: one generation as parser events, server-sent-event
 framing, a response that aborts the generation as soon as the client goes away, and the
-collected result of a non-streaming request."""
+collected result of a non-streaming request.
+
+Why an answer ended, before each API words it: stop (end of turn or a stop string), tool_calls
+(stopped after calling tools), length (the client's max_tokens), cap (the server's
+--max-output-tokens), context (the context window is full), abort."""
 from __future__ import annotations
 
 import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Protocol
 
 import anyio
@@ -18,7 +22,7 @@ from engine.errors import UserError
 from engine.server.messages import APIError
 from engine.server.parsers import (Event, OutputParser, ReasoningDelta, TextDelta, ToolCallEnd,
                                    ToolCallStart)
-from engine.serving import Delta, Finish, Batcher
+from engine.serving import Batcher, Delta, Finish, Start
 
 log = logging.getLogger("freetoken.server")
 
@@ -30,22 +34,28 @@ class Job:
     params: SamplingParams
     parser: OutputParser
     model: str
+    capped: bool = False  # the server's --max-output-tokens, not the client, limits the answer
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-async def events(batcher: Batcher, job: Job) -> AsyncIterator[Event | Finish]:
-    """Parser events for the generated text, then the batcher's Finish. Leaving early (client gone,
-    task cancelled) closes the batcher's stream, which aborts the request and frees its KV."""
+async def events(batcher: Batcher, job: Job) -> AsyncIterator[Start | Event | Finish]:
+    """The batcher's Start, parser events for the generated text, then its Finish. Leaving early
+    (client gone, task cancelled) closes the batcher's stream, which aborts the request and frees
+    its KV."""
     gen = batcher.generate(job.ids, job.params)
     try:
         async for item in gen:
             if isinstance(item, Delta):
                 for ev in job.parser.feed(item.text):
                     yield ev
-            else:
+            elif isinstance(item, Finish):
                 for ev in job.parser.finish():
                     yield ev
+                if item.reason == "length" and job.capped:
+                    item = replace(item, reason="cap")
+                yield item
+            else:
                 yield item
     finally:
         await gen.aclose()
@@ -57,28 +67,33 @@ def sse(data: dict | str, event: str | None = None) -> str:
 
 
 class Encoder(Protocol):
-    """One API's wire format for a stream: head, one chunk list per event, tail, error."""
+    """One API's wire format for a stream: head (once the prompt is in), one chunk list per
+    event, tail, error (which may come before the head)."""
 
-    def head(self) -> list[str]: ...
+    def head(self, start: Start | None) -> list[str]: ...
     def event(self, ev: Event) -> list[str]: ...
     def tail(self, fin: Finish) -> list[str]: ...
     def error(self, err: APIError) -> list[str]: ...
 
 
-async def encode(enc: Encoder, stream: AsyncIterator[Event | Finish]) -> AsyncIterator[str]:
+async def encode(enc: Encoder, stream: AsyncIterator[Start | Event | Finish]) -> AsyncIterator[str]:
     """Run a stream through an encoder; a fault becomes the API's error event, not a cut stream."""
-    for chunk in enc.head():
-        yield chunk
+    err = None
     try:
         async for ev in stream:
-            for chunk in enc.tail(ev) if isinstance(ev, Finish) else enc.event(ev):
+            if isinstance(ev, Start):
+                chunks = enc.head(ev)
+            else:
+                chunks = enc.tail(ev) if isinstance(ev, Finish) else enc.event(ev)
+            for chunk in chunks:
                 yield chunk
     except UserError as e:
-        for chunk in enc.error(APIError(400, str(e))):
-            yield chunk
+        err = APIError(400, str(e))
     except Exception as e:  # a bug: log it with its traceback and tell the client
         log.exception("generation failed")
-        for chunk in enc.error(APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error")):
+        err = APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+    if err is not None:
+        for chunk in enc.error(err):
             yield chunk
 
 
@@ -148,5 +163,5 @@ async def collect(stream: AsyncIterator[Event | Finish]) -> Result:
 
 
 def finish_reason(fin: Finish, has_calls: bool) -> str:
-    """stop | length | abort, or tool_calls when the model stopped after calling tools."""
-    return "tool_calls" if has_calls and fin.reason == "stop" else fin.reason
+    """fin.reason, or tool_calls when the model stopped after calling tools (see the module doc)."""
+    return "tool_calls" if has_calls and fin.reason in ("stop", "cap") else fin.reason

@@ -16,9 +16,10 @@ from fastapi import Request
 
 from engine.config import SamplingParams
 from engine.errors import UserError, user_error_types
-from engine.server.messages import APIError, merge_system
+from engine.server.messages import APIError, check_not_empty, fold_system
 from engine.server.parsers import REASONING_PARSERS, TOOL_PARSERS, OutputParser, opens_reasoning, select_parsers
 from engine.server.sse import Job
+from engine.server.structured import OutputSpec, grammar
 from engine.serving import Batcher
 
 log = logging.getLogger("freetoken.server")
@@ -34,6 +35,7 @@ class Options:
     reasoning_parser: str = "auto"     # auto | none | one of REASONING_PARSERS
     keep_billing_header: bool = False
     allow_forced_output: bool = False
+    max_output_tokens: int | None = None  # server-side cap on every answer
 
 
 def choose_parsers(tool: str, reasoning: str, chat_template: str | None,
@@ -57,6 +59,7 @@ class Server:
         self.progress: dict[str, Any] = {"stage": "starting", "done": 0, "total": 0}
         self.error: str | None = None
         self.parsers: tuple[str | None, str | None] = (None, None)
+        self.later_system = True  # the chat template renders system messages after the first turn
 
     def load(self, load: Callable[[ProgressFn], Any], on_error: Callable[[str], None] | None) -> None:
         try:
@@ -64,6 +67,7 @@ class Server:
             o = self.options
             self.parsers = choose_parsers(o.tool_parser, o.reasoning_parser, llm.tokenizer.tok.chat_template,
                                           llm.runner.cfg.model_type)
+            self.later_system = _renders_later_system(llm.tokenizer.tok)
             self.batcher = Batcher(llm, o.model_name)
         except Exception as e:  # the server stays up to report it; a user error is the user's to fix
             fixable = isinstance(e, user_error_types())
@@ -93,11 +97,14 @@ class Server:
             raise APIError(404, f"model {name!r} is not served here; use {self.options.model_name!r}",
                            param="model", code="model_not_found")
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
+    def render(self, messages: list[dict], tools: list[dict] | None = None, where: str = "messages",
+               **template_kwargs) -> list[int]:
         """Chat messages -> prompt token ids through the model's chat template."""
         from jinja2 import TemplateError
+        check_not_empty(messages, where)
         try:
-            return self.tokenizer.chat(merge_system(messages), tools=tools or None, **template_kwargs)
+            return self.tokenizer.chat(fold_system(messages, self.later_system), tools=tools or None,
+                                       **template_kwargs)
         except TemplateError as e:
             raise APIError(400, f"the model's chat template rejected these messages: {e}") from None
         except UserError as e:
@@ -105,22 +112,30 @@ class Server:
 
     def job(self, request: Request, ids: list[int], model: str | None, tools: bool, *,
             max_tokens: int | None = None, stop: str | list[str] | None = None, parse: bool = True,
-            **sampling) -> Job:
-        """Check the prompt, build sampling parameters (and forced output) and a fresh parser."""
+            output: OutputSpec = OutputSpec(), **sampling) -> Job:
+        """Check the prompt, build sampling parameters (answer limit, grammar for `output`, forced
+        output) and a fresh parser. The answer ends at the client's max_tokens, the server's
+        --max-output-tokens or the end of the context, whichever comes first."""
         self.check_model(model)
+        llm, cap = self.batcher.llm, self.options.max_output_tokens
+        tool, reasoning = self.parsers if parse else (None, None)
+        starts = bool(reasoning) and opens_reasoning(self.tokenizer.decode(ids[-8:], skip_special=False))
         try:
-            self.batcher.llm.check_prompt(ids)
-            room = self.batcher.llm.runner.max_context - len(ids)
-            params = SamplingParams(max_tokens=room if max_tokens is None else min(room, max_tokens), stop=_stops(stop),
-                                    **{k: v for k, v in sampling.items() if v is not None})
+            llm.check_prompt(ids)
+            limits = [n for n in (max_tokens, cap) if n is not None]
+            rules = grammar(output, llm.grammars, tool, reasoning, starts)
+            if rules:
+                llm.grammars.check(rules)
+            params = SamplingParams(max_tokens=min(limits, default=llm.runner.max_context), stop=_stops(stop),
+                                    grammar=rules, **{k: v for k, v in sampling.items() if v is not None})
         except UserError as e:
             raise APIError(400, str(e), code="context_length_exceeded" if "context" in str(e) else None) from None
         forced = request.headers.get(FORCE_HEADER) if self.options.allow_forced_output else None
         if forced is not None:
             params = self._forced(params, unquote(forced))
-        tool, reasoning = self.parsers if parse else (None, None)
-        starts = bool(reasoning) and opens_reasoning(self.tokenizer.decode(ids[-8:], skip_special=False))
-        return Job(ids, params, OutputParser(tool, reasoning, tools, starts), model or self.options.model_name)
+        capped = cap is not None and (max_tokens is None or cap < max_tokens)
+        return Job(ids, params, OutputParser(tool, reasoning, tools, starts), model or self.options.model_name,
+                   capped=capped)
 
     def _forced(self, params: SamplingParams, text: str) -> SamplingParams:
         # special-token text is split into plain tokens, so the forced text decodes back to itself
@@ -128,7 +143,17 @@ class Server:
         ids = tok.tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         eos = tok.tok.eos_token_id if tok.tok.eos_token_id is not None else min(tok.eos_ids)
         forced = tuple(ids) + (eos,)
-        return replace(params, forced=forced, max_tokens=len(forced), ignore_eos=False)
+        return replace(params, forced=forced, max_tokens=len(forced), ignore_eos=False, grammar=None)
+
+
+def _renders_later_system(hf_tokenizer) -> bool:
+    """Does the chat template render a system message that follows a user message?"""
+    probe = "freetoken-probe-7f3a"
+    msgs = [{"role": "user", "content": "a"}, {"role": "system", "content": probe}, {"role": "user", "content": "b"}]
+    try:
+        return probe in hf_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    except Exception:  # templates refuse it with raise_exception, or fail in their own ways
+        return False
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
