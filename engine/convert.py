@@ -19,7 +19,6 @@ from engine.models import arch_module, canonical_name, dense_tensor, model_confi
 from engine.models.base import FLOAT_NAMES, ModelConfig
 from engine.moe.layout import SlotLayout
 from engine.moe.store import bank_name
-from engine.resolve import source_label
 from ftw.format import DTYPES
 from kernels.quant import FORMATS, QWeight, quantize
 
@@ -90,6 +89,14 @@ class Source:
         """Weight `name` in floating point (a quantized one dequantized)."""
         w = self.weight(name)
         return dequant_parts(self.scheme.fmt, w) if isinstance(w, tuple) else w
+
+
+def source_label(src: Path) -> str:
+    """What a conversion came from: the hub id of a hub snapshot, else the absolute directory."""
+    src = src.absolute()
+    if src.parent.name == "snapshots" and src.parent.parent.name.startswith("models--"):
+        return src.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return str(src)
 
 
 def fingerprint(model_dir: Path, dtype: str, quant: tuple | None = None) -> str:

@@ -25,14 +25,6 @@ def models_dir() -> Path:
     return cache_dir() / "models"
 
 
-def source_label(src: Path) -> str:
-    """What a conversion came from: the hub id of a hub snapshot, else the absolute directory."""
-    src = src.absolute()
-    if src.parent.name == "snapshots" and src.parent.parent.name.startswith("models--"):
-        return src.parent.parent.name.removeprefix("models--").replace("--", "/")
-    return str(src)
-
-
 def hf_source(model: str) -> Path:
     """A local HF directory, or a hub id downloaded (or found in the local hub cache)."""
     path = Path(model).expanduser()
