@@ -50,6 +50,11 @@ class ExpertRuntime:
             self.qstar.graph_step(self.device_ctl.poller)
             self.device_ctl.set_q()
 
+    def after_graph_step(self) -> None:
+        """After a decode graph was replayed: wait for it without spinning where the CPU branch runs."""
+        if self.device_ctl is not None:
+            self.device_ctl.wait()
+
     def sync_stats(self) -> None:
         if self.device_ctl is not None:
             self.device_ctl.collect(self.cache.stats, self.store.layout.slot_bytes)
