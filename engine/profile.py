@@ -246,7 +246,7 @@ def default_threads() -> int | None:
     """CPU expert threads when none are asked for: the saved profile's (the pick of its sweep);
     None without one (the executor's default, every core the host threads leave)."""
     prof = saved()
-    return prof["cpu_threads"] if prof else None
+    return prof.get("cpu_threads") if prof else None
 
 
 def load_or_measure(threads: int | None = None, say=print) -> dict:

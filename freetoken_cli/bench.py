@@ -27,7 +27,7 @@ def decode(model: Optional[str] = ModelArg,
            synthetic: Optional[str] = Synthetic,
            layers: Optional[int] = Layers,
            expert_budget: str = typer.Option("auto", help="expert cache size(s), comma list: 4GiB,8GiB,auto"),
-           cpu_threads: Optional[int] = Threads,
+           cpu_threads: Optional[str] = typer.Option(None, help="CPU expert threads, comma list: 4,8,12,16 (rows for each, one load; default: the profile's)"),
            moe_policy: str = typer.Option("adaptive,fetch,cpu", help="comma list; adaptive-fixed = q* fixed at the profile's (with adaptive listed too, the two take turns repeat by repeat)"),
            routing: str = typer.Option("model", help="comma list of model | uniform | trace:FILE"),
            tokens: int = typer.Option(64, help="decode tokens per repeat"),
@@ -41,6 +41,7 @@ def decode(model: Optional[str] = ModelArg,
            out: Optional[Path] = Out):
     """Decode tok/s for each miss policy, with hit rate, traffic and the bound."""
     from engine.bench.decode import run
+    from engine.bench.threads import Census
     from engine.config import parse_policy
     from engine.profile import load_or_measure
     from engine.config import parse_size
@@ -51,22 +52,28 @@ def decode(model: Optional[str] = ModelArg,
     budgets = [parse_size(b.strip()) for b in expert_budget.split(",")]
     for spec in routing.split(","):
         check_routing(spec)
-    cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context)
+    threads = _ints(cpu_threads, "--cpu-threads") if cpu_threads else [None]
+    cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), threads[0], max_context)
     cfg = replace(cfg, expert_budget=budgets[0])
     runner = _load(cfg, model, synthetic, layers)
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True))
+    prof = load_or_measure(threads[0], say=lambda m: typer.echo(m, err=True))
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
+    census = Census()
 
     def say(r: dict) -> None:  # --out holds every row measured so far: a bench cut short keeps them
+        rt = runner.runtime  # threads: asked for (None: the default); cpu_busy: cores per thread name, warm-up included
+        r.update(threads=rt.cpu_threads, pool_threads=rt.cpu.threads, cpu_busy=census.take())
         typer.echo(f"{r['policy']}, {r['routing']}, {r['budget_gib']:.1f} GiB, graph {'on' if r['graph'] else 'off'}, "
-                   f"load {r['load']}: {r['tok_s']:.2f} tok/s, {r['ratio']:.0%} of its bound", err=True)
+                   f"load {r['load']}, {r['pool_threads']} CPU threads: {r['tok_s']:.2f} tok/s, "
+                   f"{r['ratio']:.0%} of its bound", err=True)
         rows.append(r)
         if out:
             out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
 
-    run(runner, runner.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
-        prompt_tokens, prof, contention, say=say)
+    for n in threads:
+        run(runner, runner.runtime.store, replace(cfg, cpu_threads=n), budgets, policies, routing.split(","), graphs,
+            tokens, repeats, prompt_tokens, prof, contention, say=say)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
@@ -117,6 +124,15 @@ def prefill(model: Optional[str] = ModelArg,
     Console(width=max(150, Console().width)).print(t)
 
 
+def _ints(text: str, option: str) -> list[int]:
+    """'1024,16384' -> [1024, 16384]: a comma list of positive counts."""
+    from engine.errors import UserError
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UserError(f"cannot read {option} {text!r}; give a comma list of positive numbers like 1,4,8")
+    return [int(p) for p in parts]
+
+
 def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int]):
     """The runner to measure, with a progress bar while its experts load (or are built)."""
     from engine.loader import load_runner, load_synthetic
@@ -135,11 +151,11 @@ def _table(rows: list[dict], prof: dict, runner, cfg) -> None:
     mib = 2**20
     t = Table(title=f"decode: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, "
                     f"top-{runner.cfg.router.top_k}, expert {runner.runtime.store.layout.slot_bytes / mib:.1f} MiB")
-    for col in ("graph", "routing", "budget GiB", "policy", "load", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
+    for col in ("graph", "routing", "budget GiB", "policy", "load", "threads", "tok/s", "hit rate", "fetched/tok", "CPU/tok", "PCIe MiB/tok",
                 "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
         t.add_column(col, justify="left" if col in ("routing", "policy", "load") else "right")
     for r in rows:
-        t.add_row("on" if r["graph"] else "off", r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"], f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
+        t.add_row("on" if r["graph"] else "off", r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"], str(r["pool_threads"]), f"{r['tok_s']:.2f}", f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
                   f"{r['cpu']:.2f}", f"{r['bytes_filled'] / mib:.1f}", f"{r['bytes_cpu'] / mib:.1f}",
                   f"{r['q_star']:.2f}", f"{r['bound_tok_s']:.2f}", f"{r['ratio']:.0%}")
     con = Console(width=max(150, Console().width))
