@@ -3,4 +3,5 @@ policy beside its physical bound) and `prefill` (time to first token per prefill
 library of `freetoken bench`; the others run as `python3 -m engine.bench.NAME`: `interleave`
 (code variants taking turns in one process), `step_profile` (where a decode step's GPU time
 goes), `make_trace` (a synthetic routing trace), `split_model` (what whole-expert splits cost on a
-trace) and `prefetch_accuracy` (the cross-layer prefetch signal)."""
+trace), `prefetch_accuracy` (the cross-layer prefetch signal) and `threads` (B_H per CPU thread
+count beside busy processes; its thread census is in every `bench decode` row)."""
