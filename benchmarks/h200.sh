@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
-# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | depth | startup | depth-run.
+# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | depth |
+# startup | depth-run | threads-probe | threads-decode.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 # PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
@@ -85,4 +86,19 @@ depth-run)  # issue 22: `run`'s own decode tok/s after a ~16k-token prompt besid
 step)  # where one decode step's GPU time goes, 12 layers, per policy
   python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
   python3 -m engine.bench.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;
+threads-probe)  # issue 22: B_H per thread count beside 0, 1, 2 busy processes (alone and through the poller),
+  # without the cap on workers and with it; then the profile's sweep, whose pick is the default
+  timeout -s ABRT 200 python3 -m engine.bench.threads --reserve 0 --seconds 0.5 > "$out/threads_uncapped.jsonl" 2>&1
+  timeout -s ABRT 200 python3 -m engine.bench.threads --seconds 0.5 > "$out/threads.jsonl" 2>&1
+  cat "$out/threads_uncapped.jsonl" "$out/threads.jsonl"
+  ft profile --json > "$out/profile.json" 2> "$out/profile.err"
+  python3 -c "import json; p = json.load(open('$out/profile.json')); print('sweep', p['thread_sweep'], 'pick', p['cpu_threads'])" ;;
+threads-decode)  # issue 22: graph decode rows at 1..16 CPU threads, 8 layers, 1/8 budget (after part threads-probe:
+  # the rows at the profile's pick are the default's)
+  timeout -s ABRT 560 python3 -m freetoken_cli.main bench decode --synthetic qwen3-30b-a3b --layers 8 \
+    --expert-budget 1152MiB --routing uniform --moe-policy adaptive,cpu --tokens 64 --repeats 3 \
+    --cpu-threads 1,4,8,10,12,13,14,15,16 --out "$out/threads_decode.json" > "$out/threads_decode.txt" 2>&1
+  tail -22 "$out/threads_decode.txt"
+  python3 -c "import json; [print(r['policy'], r['threads'], r['pool_threads'], round(r['tok_s'], 1), r['cpu_busy'])
+    for r in json.load(open('$out/threads_decode.json'))['rows']]" ;;
 esac

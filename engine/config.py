@@ -76,7 +76,7 @@ class EngineConfig:
     device: str = "auto"                # auto | cuda | cpu
     expert_budget: int | None = None    # bytes for the expert cache; None = auto
     moe_policy: str = "adaptive"
-    cpu_threads: int | None = None      # CPU expert executor threads; None = physical cores
+    cpu_threads: int | None = None      # CPU expert threads; None = the machine profile's, else max_threads()
     max_context: int = 32768            # tokens per sequence (capped by the model)
     max_running: int = 1                # sequences decoded together (they share the KV pool)
     prefill_chunk: int | None = None    # tokens per prefill forward; None = from free memory at load

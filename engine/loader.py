@@ -201,8 +201,11 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
     graph = use_graphs(config, runner.device)
     cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, runner.device, device_tables=graph)
-    runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode,
-                            old._cpu if old is not None else None)  # keep the worker pool
+    cpu = old._cpu if old is not None else None
+    if cpu is not None and old.cpu_threads != config.cpu_threads:  # else keep the worker pool
+        cpu.close()
+        cpu = None
+    runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode, cpu)
     runtime.routing = routing
     for block in runner.model.moe_blocks():
         block.runtime = runtime

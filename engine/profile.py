@@ -5,15 +5,19 @@ per quantized format and never carried over from bf16; bandwidths count the form
 which is what q* splits). B_P = pinned
 host-to-device expert fills into a slot pool; B_H = the CPU expert executor at batch 1 over a
 working set larger than the CPU caches; both again while running concurrently (they share host
-memory); plus two ceilings, a STREAM-like host read and a linear pinned copy. Saved per machine
-and format in the user cache directory."""
+memory); plus two ceilings, a STREAM-like host read and a linear pinned copy. The CPU expert thread
+count is the fastest of a sweep, measured beside busy stand-ins for the engine's host threads,
+and becomes the engine's default. Saved per machine and format in the user cache directory."""
 from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import platform
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -103,7 +107,7 @@ def expert_rows(n: int, fmt: str) -> tuple[SlotLayout, torch.Tensor]:
 class Bench:
     """Expert-sized rows of one format in host memory, and the two paths that consume them."""
 
-    def __init__(self, n_experts: int, threads: int | None, cuda: bool, fmt: str = "bfloat16"):
+    def __init__(self, n_experts: int, cuda: bool, fmt: str = "bfloat16"):
         self.layout, self.bank = expert_rows(n_experts, fmt)
         self.views = self.layout.views(self.bank)
         self.cuda = cuda
@@ -111,10 +115,16 @@ class Bench:
             from engine.moe.store import pin_
             pin_(self.bank)
             self.pool = torch.empty(8, self.layout.slot_bytes, dtype=torch.uint8, device="cuda")
-        from kernels.cpu_executor import CPUExecutor
-        self.cpu = CPUExecutor(threads)
+        self.cpu = None
         self.x = torch.randn(1, EXPERT[0], dtype=torch.bfloat16)
         self.out = torch.empty(1, EXPERT[0], dtype=torch.float32)
+
+    def use_threads(self, threads: int | None) -> None:
+        """The CPU executor from now on: `threads` workers (None: its default)."""
+        from kernels.cpu_executor import CPUExecutor
+        if self.cpu is not None:
+            self.cpu.close()
+        self.cpu = CPUExecutor(threads)
 
     def h2d(self, seconds: float, stop: threading.Event | None = None) -> float:
         """Fill pool slots from successive bank rows; GB/s."""
@@ -180,18 +190,61 @@ def median_run(measure_once, n: int, key=None):
     return sorted((measure_once() for _ in range(n)), key=key)[n // 2]
 
 
+def thread_candidates(most: int) -> list[int]:
+    """The CPU expert thread counts a profile tries: a handful up to `most` (the executor's
+    max_threads()), closer together near the top, where memory bandwidth saturates."""
+    return sorted({n for n in (most, most - 2, 3 * most // 4, most // 2, 8) if 1 <= n <= most})
+
+
+def pick_threads(sweep: list[dict], within: float = 0.03) -> int:
+    """The fewest threads of a sweep ([{threads, gbps}]) within `within` of the fastest: the
+    same speed (the spread of repeated runs), and the most cores left to everything else."""
+    top = max(r["gbps"] for r in sweep)
+    return min(r["threads"] for r in sweep if r["gbps"] >= (1 - within) * top)
+
+
+@contextmanager
+def busy_host_threads(n: int):
+    """n processes spinning on a core each, for as long as the block runs: stand-ins for the
+    engine's host threads (the step's driver and the CPU branch's poller) at their busiest."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def sweep_threads(b: Bench, seconds: float, reps: int) -> list[dict]:
+    """B_H (GB/s) of each candidate thread count, beside busy stand-ins for the host threads
+    (nothing where there is one candidate)."""
+    from kernels.cpu_executor import HOST_THREADS, max_threads
+    counts, rows = thread_candidates(max_threads()), []
+    if len(counts) < 2:
+        return rows
+    with busy_host_threads(HOST_THREADS):
+        for n in counts:
+            b.use_threads(n)
+            rows.append({"threads": n, "gbps": median_run(lambda: b.cpu_experts(seconds), reps)})
+    return rows
+
+
 def measure(quick: bool = False, threads: int | None = None, fmt: str = "bfloat16") -> dict:
-    """Full profile of experts in `fmt` (~25 s: the median of three runs of each measurement), or
-    a quick one (< 3 s) when no saved profile fits this machine."""
+    """Full profile of experts in `fmt` (~35 s: the median of three runs of each measurement), or
+    a quick one (< 3 s) when no saved profile fits this machine. A full profile without `threads`
+    sweeps the thread counts first and measures the rest at its pick."""
     if fmt not in ("bfloat16", *FORMATS):
         from engine.errors import UserError
         raise UserError(f"unknown expert format {fmt!r}; choose bfloat16, {', '.join(FORMATS)}")
     cuda = torch.cuda.is_available()
     secs, reps = (0.3, 1) if quick else (2.0, 3)
     slot = expert_rows(1, fmt)[0].slot_bytes
-    b = Bench(max(96, -(-3 * llc_bytes() // slot)), threads, cuda, fmt)  # >= 96 experts, 3x the L3
+    b = Bench(max(96, -(-3 * llc_bytes() // slot)), cuda, fmt)  # >= 96 experts, 3x the L3
+    sweep = sweep_threads(b, secs / 4, reps) if threads is None and not quick else []
+    b.use_threads(pick_threads(sweep) if sweep else threads)
     res = {"machine": machine(), "quick": quick, "format": fmt, "cpu_threads": b.cpu.threads,
-           "cpu_backend": b.cpu.backend, "expert_bytes": b.layout.slot_bytes}
+           "cpu_backend": b.cpu.backend, "expert_bytes": b.layout.slot_bytes, "thread_sweep": sweep}
     res["cpu_expert_gbps"] = median_run(lambda: b.cpu_experts(secs), reps)
     res["h2d_gbps"] = median_run(lambda: b.h2d(secs), reps) if cuda else None
     if cuda:
@@ -212,13 +265,26 @@ def save(res: dict, path: Path | None = None) -> Path:
     return path
 
 
+def saved(fmt: str = "bfloat16") -> dict | None:
+    """The saved profile of this machine for experts in `fmt`, if any."""
+    path = profile_path(machine(), fmt)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def default_threads() -> int | None:
+    """CPU expert threads when none are asked for: the saved (bf16) profile's, the pick of its
+    sweep; None without one (the executor's default, every core the host threads leave)."""
+    prof = saved()
+    return prof.get("cpu_threads") if prof else None
+
+
 def load_or_measure(threads: int | None = None, say=print, fmt: str = "bfloat16") -> dict:
     """The saved profile of this machine for experts in `fmt` (a slot layout's dtype; float ones
     use bfloat16's), or a quick measurement (and a note saying so)."""
     fmt = fmt if fmt in FORMATS else "bfloat16"
-    path = profile_path(machine(), fmt)
-    if path.exists():
-        return json.loads(path.read_text())
+    prof = saved(fmt)
+    if prof is not None:
+        return prof
     flag = "" if fmt == "bfloat16" else f" --format {fmt}"
     say(f"no bandwidth profile of {fmt} experts for this machine (run `freetoken profile{flag}` once); "
         "measuring quickly")

@@ -31,4 +31,7 @@ class ModelRunner:
         """One step: a captured graph for decode batches when one fits, else eager."""
         self.runtime.before_step()
         out = self.graphs.run(batch) if self.graphs is not None else None
-        return out if out is not None else self.model(batch, kv)
+        if out is None:
+            return self.model(batch, kv)
+        self.runtime.after_graph_step()
+        return out

@@ -33,7 +33,7 @@ def decode(model: Optional[str] = ModelArg,
            layers: Optional[int] = Layers,
            quant: Optional[str] = Quant,
            expert_budget: str = typer.Option("auto", help="expert cache size(s), comma list: 4GiB,8GiB,auto"),
-           cpu_threads: Optional[int] = Threads,
+           cpu_threads: Optional[str] = typer.Option(None, help="CPU expert threads, comma list: 4,8,12,16 (rows for each, one load; default: the profile's)"),
            moe_policy: str = typer.Option("adaptive,fetch,cpu", help="comma list; adaptive-fixed = q* fixed at the profile's (with adaptive listed too, the two take turns repeat by repeat)"),
            routing: str = typer.Option("model", help="comma list of model | uniform | trace:FILE"),
            tokens: int = typer.Option(64, help="decode tokens per repeat"),
@@ -47,6 +47,7 @@ def decode(model: Optional[str] = ModelArg,
            out: Optional[Path] = Out):
     """Decode tok/s for each miss policy, context depth and number of streams, with hit rate, traffic and the bound."""
     from engine.bench.decode import context_for, run
+    from engine.bench.threads import Census
     from engine.config import parse_policy
     from engine.profile import load_or_measure
     from engine.config import parse_size
@@ -59,7 +60,8 @@ def decode(model: Optional[str] = ModelArg,
         check_routing(spec)
     depths, batches = _ints(depth, "--depth"), _ints(batch, "--batch")
     max_context, kv_tokens = context_for(depths, batches, tokens)
-    cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), cpu_threads, max_context,
+    threads = _ints(cpu_threads, "--cpu-threads") if cpu_threads else [None]
+    cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), threads[0], max_context,
                         max_running=max(batches), kv_tokens=kv_tokens)
     cfg = replace(cfg, expert_budget=budgets[0])
     runner = _load(cfg, model, synthetic, layers, quant)
@@ -67,20 +69,24 @@ def decode(model: Optional[str] = ModelArg,
         from engine.errors import UserError
         raise UserError(f"--depth {max(depths)} needs {max_context} tokens of context with --tokens {tokens}, but the "
                         f"model holds {runner.max_context}; lower --depth")
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
+    prof = load_or_measure(threads[0], say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
+    census = Census()
 
     def say(r: dict) -> None:  # --out holds every row measured so far: a bench cut short keeps them
+        rt = runner.runtime  # threads: asked for (None: the default); cpu_busy: cores per thread name, warm-up included
+        r.update(threads=rt.cpu_threads, pool_threads=rt.cpu.threads, cpu_busy=census.take())
         typer.echo(f"{r['policy']}, {r['routing']}, {r['budget_gib']:.1f} GiB, graph {'on' if r['graph'] else 'off'}, "
-                   f"load {r['load']}, depth {r['depth']}, batch {r['batch']}: {r['tok_s']:.2f} tok/s "
-                   f"({r['stream_tok_s']:.2f} per stream), {r['ratio']:.0%} of its bound", err=True)
+                   f"load {r['load']}, depth {r['depth']}, batch {r['batch']}, {r['pool_threads']} CPU threads: "
+                   f"{r['tok_s']:.2f} tok/s ({r['stream_tok_s']:.2f} per stream), {r['ratio']:.0%} of its bound", err=True)
         rows.append(r)
         if out:
             out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
 
-    run(runner, runner.runtime.store, cfg, budgets, policies, routing.split(","), graphs, tokens, repeats,
-        depths, batches, prof, contention, say=say)
+    for n in threads:
+        run(runner, runner.runtime.store, replace(cfg, cpu_threads=n), budgets, policies, routing.split(","), graphs,
+            tokens, repeats, depths, batches, prof, contention, say=say)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
@@ -221,12 +227,12 @@ def _table(rows: list[dict], prof: dict, runner, cfg) -> None:
     mib = 2**20
     t = Table(title=f"decode: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, "
                     f"top-{runner.cfg.router.top_k}, expert {runner.runtime.store.layout.slot_bytes / mib:.1f} MiB")
-    for col in ("graph", "routing", "budget GiB", "policy", "load", "depth", "batch", "tok/s", "tok/s/stream", "hit rate",
+    for col in ("graph", "routing", "budget GiB", "policy", "load", "threads", "depth", "batch", "tok/s", "tok/s/stream", "hit rate",
                 "fetched/tok", "CPU/tok", "PCIe MiB/tok", "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
         t.add_column(col, justify="left" if col in ("routing", "policy", "load") else "right")
     for r in rows:
         t.add_row("on" if r["graph"] else "off", r["routing"], f"{r['budget_gib']:.1f}", r["policy"], r["load"],
-                  str(r["depth"]), str(r["batch"]), f"{r['tok_s']:.2f}", f"{r['stream_tok_s']:.2f}",
+                  str(r["pool_threads"]), str(r["depth"]), str(r["batch"]), f"{r['tok_s']:.2f}", f"{r['stream_tok_s']:.2f}",
                   f"{r['hit_rate']:.1%}", f"{r['fetched']:.2f}",
                   f"{r['cpu']:.2f}", f"{r['bytes_filled'] / mib:.1f}", f"{r['bytes_cpu'] / mib:.1f}",
                   f"{r['q_star']:.2f}", f"{r['bound_tok_s']:.2f}", f"{r['ratio']:.0%}")

@@ -13,10 +13,10 @@ from freetoken_cli.common import user_errors
 @user_errors
 def profile(as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
             out: Optional[Path] = typer.Option(None, help="also write the profile to this file"),
-            cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: physical cores)"),
+            cpu_threads: Optional[int] = typer.Option(None, help="CPU expert threads (default: the fastest of a sweep, which then becomes the engine's default)"),
             fmt: str = typer.Option("bfloat16", "--format", help="expert format measured: bfloat16 (used for "
                                     "every float model) | int4 | int8 | fp8 | mxfp4 (run and serve use the model's)")):
-    """Measure B_P (pinned expert fills), B_H (CPU expert executor), both concurrently, and ceilings."""
+    """Measure the CPU expert threads' best count, B_P (pinned expert fills), B_H (CPU expert executor), both concurrently, and ceilings."""
     from engine.config import check_positive
     from engine.profile import measure, save
     check_positive("--cpu-threads", cpu_threads)
@@ -48,6 +48,9 @@ def _table(res: dict, saved: Path) -> None:
               f"({m['gpu'] or 'no GPU'}; {m['cpu']}, {m['physical_cores']} cores, {m['ram_gib']} GiB; "
               f"CPU executor {res['cpu_backend']} x{res['cpu_threads']}; {res['format']} experts of "
               f"{res['expert_bytes'] / 2**20:.2f} MiB)")
+    if res.get("thread_sweep"):
+        con.print("CPU expert threads (beside busy host threads): " + ", ".join(
+            f"{r['threads']}: {r['gbps']:.1f} GB/s" for r in res["thread_sweep"]) + f"; picked {res['cpu_threads']}")
     if m["gpu"] is None:
         con.print("no CUDA device: measured B_H only; every miss would run on the CPU")
     con.print(f"saved to {saved}")

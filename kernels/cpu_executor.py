@@ -81,6 +81,24 @@ def _core_cpus() -> list[int]:
     return list(cores.values())
 
 
+# Engine threads that must run beside the workers: the one driving the steps (Python) and the
+# CUDA-graph CPU branch's poller (cpu_moe.cpp). A worker pinned to a core that one of them also
+# wants gets a share of it, and every job of the pool waits at its phase barrier for the worker
+# descheduled inside a unit, a whole timeslice: 16 workers on 16 cores beside one busy thread ran
+# at a sixth of the speed of 15 (H200 host, 2026-11-30).
+HOST_THREADS = 2
+
+
+def max_threads() -> int:
+    """The most workers a pool runs: the physical cores this process may use, less one for each
+    host thread (at least one worker)."""
+    return max(1, _cores() - HOST_THREADS)
+
+
+def _cores() -> int:
+    return len(_core_cpus()) or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
 class _Mat(ctypes.Structure):
     """cpu_moe.cpp's Mat: one bank [E, N, K], plain or quantized."""
     _fields_ = [("q", ctypes.c_void_p), ("s", ctypes.c_void_p), ("z", ctypes.c_void_p),
@@ -182,12 +200,13 @@ class CPUFuture:
 
 
 class CPUExecutor:
-    """Persistent C++ worker pool. `backend` forces a path (tests): "torch", "scalar", "avx2_fma",
-    "avx512" (AVX-512 F/BW: quantized banks in 512-bit registers), "avx512_bf16" (also bf16 banks
-    through the BF16 dot products)."""
+    """Persistent C++ worker pool of `threads` workers (default and at most: max_threads()).
+    `backend` forces a path (tests): "torch", "scalar", "avx2_fma", "avx512" (AVX-512 F/BW:
+    quantized banks in 512-bit registers), "avx512_bf16" (also bf16 banks through the BF16 dot
+    products)."""
 
     def __init__(self, threads: int | None = None, backend: str | None = None):
-        self.threads = int(threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+        self.threads = min(int(threads or max_threads()), max_threads())
         self._lib, self._pool = (None if backend == "torch" else _library()), None
         feats = self._lib.ftmoe_cpu_features() if self._lib else 0
         usable = ["torch"] + ["scalar"] * bool(self._lib) + ["avx2_fma"] * bool(feats & 1) + [
@@ -198,9 +217,9 @@ class CPUExecutor:
         if self.backend != "torch":
             pin = (_core_cpus() + [-1] * self.threads)[:self.threads]
             pin = (ctypes.c_int * self.threads)(*pin)
-            # spin for new work (2 ms, some layer steps apart) only when a core is left for the
-            # caller (never on a 2-core CI box)
-            spin = 2000 if self.threads < (psutil.cpu_count(logical=False) or 1) else 0
+            # spin for new work (2 ms, some layer steps apart) only where the host threads keep
+            # cores of their own (not on a 2-core CI box)
+            spin = 2000 if self.threads + HOST_THREADS <= _cores() else 0
             self._pool = self._lib.ftmoe_pool_create(self.threads, pin, spin)
 
     def _mode(self, w) -> int:

@@ -176,6 +176,21 @@ def test_bench_decode_online_and_fixed_q_take_turns(tiny_hf, tmp_path, monkeypat
     assert rows[1]["q_star"] != pytest.approx(0.5, abs=1e-3)  # re-estimated from this machine's timings
 
 
+def test_bench_decode_rows_per_thread_count(tiny_hf, monkeypatch):
+    """--cpu-threads takes a comma list: one load, the rows of each count in turn, each row with
+    the count asked for, the pool's (capped by the cores left beside the host threads: 2 of 4)
+    and the cores its threads kept busy."""
+    from kernels import cpu_executor
+    monkeypatch.setattr(cpu_executor, "_core_cpus", lambda: [0, 1, 2, 3])
+    r = cli("bench", "decode", tiny_hf, "--device", "cpu", "--tokens", 2, "--repeats", 1, "--expert-budget",
+            "1MiB", "--moe-policy", "cpu", "--cpu-threads", "1,5", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert [(x["threads"], x["pool_threads"]) for x in rows] == [(1, 1), (5, 2)]
+    assert all(x["tok_s"] > 0 and x["cpu_busy"]["main"] > 0 for x in rows)
+    one_line_error(cli("bench", "decode", tiny_hf, "--cpu-threads", "4,x"), "--cpu-threads")
+
+
 def test_bench_prefill_rows(tiny_hf):
     r = cli("bench", "prefill", tiny_hf, "--device", "cpu", "--lengths", "64,160", "--follow-up", 12,
             "--prefill-chunk", 64, "--json")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 
-import psutil
 import pytest
 import torch
 
@@ -183,7 +182,7 @@ def test_validation_errors(ex):
 
 def test_backend_and_threads(ex):
     assert ex.backend in ("avx512_bf16", "avx512", "avx2_fma", "scalar", "torch")
-    assert ex.threads == (psutil.cpu_count(logical=False) or 1)
+    assert ex.threads == cpu_executor.max_threads()
     assert (ex.backend != "torch") == cpu_executor_available()
 
 
@@ -196,6 +195,96 @@ def test_missing_compiler_falls_back_with_one_line(monkeypatch, capsys):
     assert len(err) == 1 and "falls back to torch" in err[0] and "not found" in err[0]
 
 
+def test_more_threads_than_allowed_are_capped(monkeypatch):
+    """A pool never has more workers than the cores left beside the host threads (on a 4-core
+    machine: 2), however many are asked for, and still computes."""
+    monkeypatch.setattr(cpu_executor, "_core_cpus", lambda: [0, 1, 2, 3])
+    assert cpu_executor.max_threads() == 4 - cpu_executor.HOST_THREADS
+    e = CPUExecutor(16)
+    try:
+        assert e.threads == cpu_executor.max_threads() and CPUExecutor(1).threads == 1
+        gu, down = make_bank(64, 32, torch.float32)
+        x, ids, w = make_routes(3, 2, torch.int64, torch.float32, 64)
+        out = torch.empty(3, 64)
+        e.run(x, gu, down, ids, w, out)
+        assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < 1e-5
+    finally:
+        e.close()
+
+
+def poller_step(flags, nfill, x_h, ids_h, w_h, out_h, layer, x, ids, w, n_fill=0, fill_after=0.0):
+    """One layer step of the in-graph CPU branch driven from Python as the GPU stream would: stage,
+    write go, write fill once the (simulated) fills landed (fill_after None: never), wait for done."""
+    import time
+    T = x.shape[0]
+    x_h[:T], ids_h[:T], w_h[:T], nfill[0] = x, ids, w, n_fill
+    v = (layer + 1) | (T << 20)
+    flags[0] = v
+    if fill_after is not None:
+        time.sleep(fill_after)
+        flags[2] = v                                 # the fills landed
+    deadline = time.time() + 10
+    while int(flags[1]) != v or (fill_after is not None and int(flags[2]) != 0):  # answered, fill consumed
+        assert time.time() < deadline, "the poller did not answer"
+    flags[1] = 0
+    return out_h[:T].clone()
+
+
+def start_poller(ex, banks, H: int, K: int, Tmax: int = 2):
+    """A poller over banks [(w_gate_up, w_down)] per layer -> (poller, its staging buffers)."""
+    x_h = torch.zeros(Tmax, H, dtype=ex.act_dtype(banks[0][0]))
+    ids_h, w_h = torch.full((Tmax, K), -1, dtype=torch.int64), torch.zeros(Tmax, K)
+    out_h, flags, nfill = torch.zeros(Tmax, H), torch.zeros(3, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
+    buffers = (flags, nfill, x_h, ids_h, w_h, out_h)
+    return ex.poller(*buffers, [b[0] for b in banks], [b[1] for b in banks]), buffers
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_poller_computes_its_jobs_beside_other_submitters(workers):
+    """The poller computes units of its own job instead of waiting on the workers: with no worker
+    at all its steps are still answered, and with workers busy on jobs that another thread
+    submits meanwhile, every result of both is right."""
+    import ctypes
+    import threading
+    if not cpu_executor_available():
+        pytest.skip("no C++ executor here")
+    ex = CPUExecutor(1)
+    ex._lib.ftmoe_pool_destroy(ex._pool)
+    ex._pool = ex._lib.ftmoe_pool_create(workers, (ctypes.c_int * 2)(-1, -1), 0)
+    H, K = 64, 2
+    banks = [make_bank(H, 32, torch.float32, seed=s) for s in range(2)]
+    poller, buffers = start_poller(ex, banks, H, K)
+    errors, stop = [], threading.Event()
+
+    def submitter() -> None:
+        for i in range(10_000):
+            if stop.is_set():
+                return
+            x, ids, w = make_routes(1 + i % 3, K, torch.int64, torch.float32, H, seed=i)
+            out = torch.empty(x.shape[0], H)
+            ex.submit(x, *banks[0], ids, w, out).wait(timeout=10)
+            errors.append(rel_err(out, ref.moe_experts(x, *banks[0], ids, w)))
+
+    other = threading.Thread(target=submitter) if workers else None
+    try:
+        if other:
+            other.start()
+        steps = 0
+        while steps < 40 or (workers and len(errors) < 20):  # both sides busy for a while
+            x, ids, w = make_routes(2, K, torch.int64, torch.float32, H, seed=100 + steps)
+            got = poller_step(*buffers, steps % 2, x, ids, w)
+            assert rel_err(got, ref.moe_experts(x, *banks[steps % 2], ids, w)) < 1e-5
+            steps += 1
+        assert poller.stats()[0] == steps
+    finally:
+        stop.set()
+        if other:
+            other.join()
+        poller.close()
+        ex.close()
+    assert max(errors, default=0) < 1e-5
+
+
 @pytest.mark.parametrize("fmt", [None, "int4", "int8", "fp8", "mxfp4"])  # None: fp32 banks
 def test_poller_serves_the_graph_protocol_and_times_fills(ex, fmt):
     """The in-graph CPU branch driven from Python as the GPU stream would: stage, write go, write
@@ -203,31 +292,13 @@ def test_poller_serves_the_graph_protocol_and_times_fills(ex, fmt):
     with no CPU route answers zeros, the fills are timed from go to the fill flag, a fill flag the
     poller never saw (descheduled while the stream moved on) does not stop it from serving the
     next go, and a bad flag answers zeros and surfaces as an error instead of a hang."""
-    import time
     if ex.backend == "torch":
         pytest.skip("no C++ executor here")
-    H, I, K, Tmax = 64, 32, 2, 2
+    H, I, K = 64, 32, 2
     banks = [make_bank(H, I, torch.float32, seed=s) if fmt is None else
              make_qbank(fmt, H, I, 32, symmetric=False, seed=s) for s in range(2)]
-    x_h = torch.zeros(Tmax, H, dtype=ex.act_dtype(banks[0][0]))
-    ids_h, w_h = torch.full((Tmax, K), -1, dtype=torch.int64), torch.zeros(Tmax, K)
-    out_h, flags, nfill = torch.zeros(Tmax, H), torch.zeros(3, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
-    poller = ex.poller(flags, nfill, x_h, ids_h, w_h, out_h, [b[0] for b in banks], [b[1] for b in banks])
-
-    def step(layer, x, ids, w, n_fill, fill_after):
-        T = x.shape[0]
-        x_h[:T], ids_h[:T], w_h[:T], nfill[0] = x, ids, w, n_fill
-        v = (layer + 1) | (T << 20)
-        flags[0] = v
-        if fill_after is not None:
-            time.sleep(fill_after)
-            flags[2] = v                                 # the fills landed
-        deadline = time.time() + 10
-        while int(flags[1]) != v or (fill_after is not None and int(flags[2]) != 0):  # answered, fill consumed
-            assert time.time() < deadline, "the poller did not answer"
-        flags[1] = 0
-        return out_h[:T].clone()
-
+    poller, buffers = start_poller(ex, banks, H, K)
+    step = functools.partial(poller_step, *buffers)
     try:
         x, ids, w = make_routes(2, K, torch.int64, torch.float32, H)
         got = step(1, x, ids, w, n_fill=3, fill_after=0.02)

@@ -147,6 +147,38 @@ def test_profile_json():
     assert {"gpu", "cpu", "physical_cores", "ram_gib", "pcie_gen", "pcie_width"} <= set(res["machine"])
 
 
+def test_thread_count_from_the_profile(monkeypatch, tmp_path):
+    """A profile sweeps a handful of thread counts up to the executor's cap and picks the fewest
+    within 3% of the fastest; the engine's pool takes that count unless one is asked for (on an
+    8-core machine without a profile: all 6 that the host threads leave), and a rebuild keeps
+    the pool only when the count stays."""
+    from dataclasses import replace
+
+    from engine.config import EngineConfig, parse_size
+    from engine.loader import load_synthetic, rebuild_experts
+    from engine.profile import default_threads, machine, pick_threads, save, thread_candidates
+    from kernels import cpu_executor
+    assert thread_candidates(14) == [7, 8, 10, 12, 14] and thread_candidates(6) == [3, 4, 6]
+    assert thread_candidates(1) == [1]
+    sweep = [{"threads": n, "gbps": g} for n, g in [(8, 87.6), (10, 91.2), (12, 104.7), (14, 118.3), (16, 119.1)]]
+    assert pick_threads(sweep) == 14 and pick_threads(sweep[:3]) == 12
+    monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_executor, "_core_cpus", lambda: list(range(8)))
+    cfg = EngineConfig(model="synthetic", device="cpu", expert_budget=parse_size("1MiB"), max_context=256)
+    runner = load_synthetic(cfg, "tiny")
+    try:
+        assert default_threads() is None and runner.runtime.cpu.threads == 6
+        save({"machine": machine(), "cpu_threads": 3})
+        assert default_threads() == 3
+        rebuild_experts(runner, runner.runtime.store, replace(cfg, cpu_threads=2))
+        pool = runner.runtime.cpu
+        assert pool.threads == 2
+        assert rebuild_experts(runner, runner.runtime.store, replace(cfg, cpu_threads=2)).cpu is pool
+        assert rebuild_experts(runner, runner.runtime.store, cfg).cpu.threads == 3 and pool._pool is None
+    finally:
+        runner.runtime.cpu.close()
+
+
 def test_profile_takes_the_median_run():
     """A pair comes from one run (the one with the median sum), not mixed across runs."""
     from engine.profile import median_run

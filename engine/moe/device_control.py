@@ -52,6 +52,15 @@ class DeviceControl:
         self.fill_count = torch.zeros(1, dtype=torch.int32, device=self.dev)      # programs of a fill done
         self.poller = rt.cpu.poller(self.flags, self.nfill, self.x_h, self.ids_h, self.w_h, self.out_h,
                                     [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views])
+        self.replayed = torch.cuda.Event(blocking=True)
+
+    def wait(self) -> None:
+        """After a step was launched: with a CPU branch, the host thread sleeps until the step is
+        done (a blocking event) instead of the spinning wait of the next read from the device, which
+        would take a core from the CPU branch's workers."""
+        if self.poller is not None:
+            self.replayed.record()
+            self.replayed.synchronize()
 
     def set_q(self) -> None:
         """Copy the policy's per-layer decode q at the current q* into device data (outside any graph)."""

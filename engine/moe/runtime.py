@@ -38,10 +38,12 @@ class ExpertRuntime:
 
     @property
     def cpu(self):
-        """The CPU expert executor, started on first use (fetch-only runs never need it)."""
+        """The CPU expert executor, started on first use (fetch-only runs never need it), with
+        cpu_threads workers, else the machine profile's count."""
         if self._cpu is None:
+            from engine.profile import default_threads
             from kernels.cpu_executor import CPUExecutor
-            self._cpu = CPUExecutor(self.cpu_threads)
+            self._cpu = CPUExecutor(self.cpu_threads or default_threads())
         return self._cpu
 
     def before_step(self) -> None:
@@ -49,6 +51,11 @@ class ExpertRuntime:
         if self.device_ctl is not None:
             self.qstar.graph_step(self.device_ctl.poller)
             self.device_ctl.set_q()
+
+    def after_graph_step(self) -> None:
+        """After a decode graph was replayed: wait for it without spinning where the CPU branch runs."""
+        if self.device_ctl is not None:
+            self.device_ctl.wait()
 
     def sync_stats(self) -> None:
         if self.device_ctl is not None:

@@ -12,7 +12,9 @@
 //   1. units (expert, block of R1 intermediate rows): h[route, j] = silu(gate_j . x) * (up_j . x)
 //   2. units (block of R2 output rows): out[t, r] = sum over routes of w * (down_r . h[route])
 // At batch 1 this splits each expert's rows across all threads (a GEMV streaming the weights);
-// phase 2 partitions out by rows, so there are no write races and no reduction step.
+// phase 2 partitions out by rows, so there are no write races and no reduction step. The thread
+// that completes the last phase-2 unit retires the job: a worker that woke late, or was
+// descheduled before it claimed a unit, never holds a job back.
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -335,6 +337,8 @@ Kernel kernel(int mode, const Mat& m) {
   return {mode == SCALAR ? scalarf[m.fmt] : avx2f[m.fmt], 0};
 }
 
+struct Pool;
+
 struct Job {
   uint64_t seq = 0;
   const char* x = nullptr;      // [T, H], in the order of kgu
@@ -352,8 +356,9 @@ struct Job {
   std::unique_ptr<char[]> h;    // [R, I] silu(gate) * up, in the order of kd
   std::vector<const void*> xr, hr;  // [R] each route's row of x and of h
   int nb1 = 0, n1 = 0, n2 = 0;  // phase-1 blocks per expert, phase-1 units, phase-2 units
-  std::atomic<int> next1{0}, done1{0}, next2{0};
-  int active = 0;   // workers inside work(); guarded by Pool::m
+  std::atomic<int> next1{0}, done1{0}, next2{0}, done2{0};
+  std::atomic<int> refs{1};  // the submitter's (ftmoe_free) and one per worker inside work()
+  Pool* pool = nullptr;
   std::mutex m;
   std::condition_variable cv;
   std::atomic<bool> done{false};  // set under m; also read without it by the poller
@@ -402,30 +407,13 @@ void unit2(Job& J, int u) {
   }
 }
 
-// Claims units until none is left; a throwing unit records the error and still counts as done,
-// so the barrier and the job always complete.
-void run_units(Job& J, std::atomic<int>& next, int n, void (*fn)(Job&, int),
-               std::atomic<int>* done) {
-  for (int u; (u = next.fetch_add(1)) < n;) {
-    try { fn(J, u); }
-    catch (const std::exception& ex) { J.fail(ex.what()); }
-    catch (...) { J.fail("unknown error in a CPU expert worker"); }
-    if (done) done->fetch_add(1, std::memory_order_release);
-  }
+void release(Job* J) {  // drop a reference; the last one frees the job
+  if (J->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete J;
 }
 
-void work(Job& J) {
-  run_units(J, J.next1, J.n1, unit1, &J.done1);
-  // Phase barrier: spin briefly, then yield, since the thread we wait for may be descheduled
-  // (more threads than free cores), and a long pause-spin would keep it off the core.
-  for (int spin = 0; J.done1.load(std::memory_order_acquire) < J.n1; ++spin)
-    spin < 64 ? _mm_pause() : std::this_thread::yield();
-  run_units(J, J.next2, J.n2, unit2, nullptr);
-}
-
-// Jobs run in submission order. Workers join the front job as they wake (a late one may find
-// nothing left), and the last to leave retires it: every unit was claimed by a worker that was
-// still inside, so when none is left inside, all units are done.
+// Jobs start in submission order: workers join the front job of the queue as they wake (a late
+// one may find nothing left), and leave the queue's front to the next job once its last unit is
+// done. The thread that submitted a job may also compute it (the poller does, see Poller::serve).
 struct Pool {
   const int n;
   std::vector<std::thread> th;
@@ -447,45 +435,74 @@ struct Pool {
     for (auto& t : th) t.join();  // queued jobs are finished first
   }
   void submit(Job* J) {
+    J->pool = this;
     J->t0 = std::chrono::steady_clock::now();
     { std::lock_guard<std::mutex> g(m); J->seq = ++seq; q.push_back(J); pub.store(J->seq); }
     cv.notify_all();
   }
-  void loop(int cpu) {
-    if (cpu >= 0) {  // best effort: a container may forbid it, and that is fine
-      cpu_set_t s; CPU_ZERO(&s); CPU_SET(cpu, &s);
-      pthread_setaffinity_np(pthread_self(), sizeof s, &s);
-    }
-    for (uint64_t last = 0;;) {
-      Job* J;
-      // Decode submits a job every layer step or few (a few hundred microseconds each): spinning
-      // for a while, by the clock (a pause lasts 10 to 140 cycles, by CPU), keeps the workers
-      // awake for it instead of paying a condition-variable wake-up of every worker each time.
-      for (auto until = std::chrono::steady_clock::now() + spin;
-           pub.load(std::memory_order_acquire) <= last && std::chrono::steady_clock::now() < until;)
-        for (int i = 0; i < 16; ++i) _mm_pause();
-      {
-        std::unique_lock<std::mutex> lk(m);
-        cv.wait(lk, [&] { return (!q.empty() && q.front()->seq > last) || (stop && q.empty()); });
-        if (q.empty()) return;
-        J = q.front();
-        last = J->seq;
-        ++J->active;
-      }
-      work(*J);
-      {
-        std::lock_guard<std::mutex> g(m);
-        if (--J->active > 0) continue;
-        q.pop_front();
-      }
-      cv.notify_all();
-      std::lock_guard<std::mutex> g(J->m);  // notify under the lock: the waiter may free J at once
-      J->t1 = std::chrono::steady_clock::now();
-      J->done = true;
-      J->cv.notify_all();
-    }
+  // Every unit of J is done: take it off the queue and wake its waiter.
+  void retire(Job* J) {
+    { std::lock_guard<std::mutex> g(m); q.erase(std::find(q.begin(), q.end(), J)); }
+    cv.notify_all();
+    std::lock_guard<std::mutex> g(J->m);
+    J->t1 = std::chrono::steady_clock::now();
+    J->done = true;
+    J->cv.notify_all();
   }
+  void loop(int cpu);
 };
+
+// Claims units until none is left, calling tick() between them; a throwing unit records the
+// error and still counts as done, so the barrier and the job always complete.
+template <class Tick>
+void run_units(Job& J, std::atomic<int>& next, int n, void (*fn)(Job&, int), std::atomic<int>& done,
+               Tick tick) {
+  for (int u; (u = next.fetch_add(1)) < n;) {
+    try { fn(J, u); }
+    catch (const std::exception& ex) { J.fail(ex.what()); }
+    catch (...) { J.fail("unknown error in a CPU expert worker"); }
+    // the last phase-2 unit retires the job; the counts publish the units' results
+    if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n && &done == &J.done2) J.pool->retire(&J);
+    tick();
+  }
+}
+
+template <class Tick>
+void work(Job& J, Tick tick) {
+  run_units(J, J.next1, J.n1, unit1, J.done1, tick);
+  // Phase barrier: spin briefly, then yield, since the thread we wait for may be descheduled
+  // (more threads than free cores), and a long pause-spin would keep it off the core.
+  for (int spin = 0; J.done1.load(std::memory_order_acquire) < J.n1; ++spin)
+    tick(), spin < 64 ? _mm_pause() : std::this_thread::yield();
+  run_units(J, J.next2, J.n2, unit2, J.done2, tick);
+}
+
+void Pool::loop(int cpu) {
+  pthread_setname_np(pthread_self(), "ft-cpu-worker");  // what a thread census shows
+  if (cpu >= 0) {  // best effort: a container may forbid it, and that is fine
+    cpu_set_t s; CPU_ZERO(&s); CPU_SET(cpu, &s);
+    pthread_setaffinity_np(pthread_self(), sizeof s, &s);
+  }
+  for (uint64_t last = 0;;) {
+    Job* J;
+    // Decode submits a job every layer step or few (a few hundred microseconds each): spinning
+    // for a while, by the clock (a pause lasts 10 to 140 cycles, by CPU), keeps the workers
+    // awake for it instead of paying a condition-variable wake-up of every worker each time.
+    for (auto until = std::chrono::steady_clock::now() + spin;
+         pub.load(std::memory_order_acquire) <= last && std::chrono::steady_clock::now() < until;)
+      for (int i = 0; i < 16; ++i) _mm_pause();
+    {
+      std::unique_lock<std::mutex> lk(m);
+      cv.wait(lk, [&] { return (!q.empty() && q.front()->seq > last) || (stop && q.empty()); });
+      if (q.empty()) return;
+      J = q.front();
+      last = J->seq;
+      J->refs.fetch_add(1, std::memory_order_relaxed);  // on the queue, so not yet released
+    }
+    work(*J, [] {});
+    release(J);
+  }
+}
 
 }  // namespace
 
@@ -566,7 +583,7 @@ double ftmoe_seconds(void* job) {  // only once ftmoe_wait said done
   auto* J = static_cast<Job*>(job);
   return std::chrono::duration<double>(J->t1 - J->t0).count();
 }
-void ftmoe_free(void* job) { delete static_cast<Job*>(job); }  // only once ftmoe_wait said done
+void ftmoe_free(void* job) { release(static_cast<Job*>(job)); }  // only once ftmoe_wait said done
 
 // In-graph CPU branch. A thread polls `go` in mapped pinned memory: the GPU stream, after
 // staging x, ids, weights and the layer step's fill count, writes go = (layer + 1) | (T << 20);
@@ -575,6 +592,8 @@ void ftmoe_free(void* job) { delete static_cast<Job*>(job); }  // only once ftmo
 // hangs; Python reads the error. The stream also writes fill = go once the step's expert fills
 // have landed (before it waits for done); the thread timestamps that against go, so the fills
 // inside a graph are timed too (B_P online), and clears it.
+constexpr std::chrono::milliseconds kPollerSpin{10};  // spin for the next go this long after the last
+
 struct Poller {
   void* pool = nullptr;
   volatile uint32_t *go = nullptr, *done = nullptr, *fill = nullptr;
@@ -608,7 +627,11 @@ struct Poller {
     auto* J = static_cast<Job*>(ftmoe_submit(pool, x, &gu[layer], &dn[layer], ids, rw, out, T, H, I,
                                              E, K, 1, mode));
     if (!J) return fail("could not allocate a CPU branch job", T);
-    while (!J->done.load(std::memory_order_acquire)) watch_fill(v), _mm_pause();
+    // This thread computes units of its job beside the workers instead of spinning while they
+    // do (one busy thread less than cores in use), watching for the fill flag between units.
+    work(*J, [&] { watch_fill(v); });
+    for (int spin = 0; !J->done.load(std::memory_order_acquire); ++spin)  // units still on workers
+      watch_fill(v), spin < 64 ? _mm_pause() : std::this_thread::yield();
     if (ftmoe_wait(J, -1.0)) fail(J->err, T);
     experts += int64_t(J->eid.size()), jobs += 1;
     nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -618,14 +641,15 @@ struct Poller {
     if (!fill_seen && *fill == v) fill_seen = true, t_fill = std::chrono::steady_clock::now(), *fill = 0;
   }
   void loop() {
-    for (int idle = 0; !stop.load(std::memory_order_relaxed);) {
+    pthread_setname_np(pthread_self(), "ft-cpu-poller");
+    for (auto last = std::chrono::steady_clock::now(); !stop.load(std::memory_order_relaxed);) {
       uint32_t v = *go;
-      if (!v) {  // spin while busy, then back off so an idle server does not burn a core
-        if (++idle < 200000) _mm_pause(); else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (!v) {  // spin while decoding (steps come ms apart), then back off so an idle server does not burn a core
+        if (std::chrono::steady_clock::now() - last < kPollerSpin) for (int i = 0; i < 16; ++i) _mm_pause();
+        else std::this_thread::sleep_for(std::chrono::microseconds(50));
         continue;
       }
-      idle = 0;
-      t_go = std::chrono::steady_clock::now(), fill_seen = false;
+      t_go = last = std::chrono::steady_clock::now(), fill_seen = false;
       *go = 0;
       std::atomic_thread_fence(std::memory_order_acquire);
       int64_t nf = *nfill;

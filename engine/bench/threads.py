@@ -1,0 +1,112 @@
+"""Where the host's cores go, for the CPU expert threads. `Census`: CPU time of this process's
+threads by name between two readings (the executor's are ft-cpu-worker and ft-cpu-poller; the
+thread that runs Python is "main"); `bench decode` puts one in each row. Run as a module, a probe
+of B_H (GB/s of expert bytes, batch 1, 8 distinct experts a step, Qwen3-30B-A3B's expert shape)
+per thread count, with 0, 1 or 2 processes spinning beside it (what the engine's host threads do
+at their busiest), along two paths: jobs submitted and waited for (the executor alone, as the
+profile measures it), and the CUDA-graph CPU branch's protocol driven by a spinning thread (the
+poller computing with the workers). One JSON row per measurement:
+
+    python -m engine.bench.threads [--threads 1,2,4,8,16] [--spinners 0,1,2] [--reserve N]
+
+`--reserve 0` lifts the cap on workers (kernels.cpu_executor.HOST_THREADS) to show what
+happens without it."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+class Census:
+    """Cores busy per thread name of this process (CPU seconds per wall second) since the last
+    take(), names under `least` left out."""
+
+    def __init__(self, least: float = 0.02):
+        self.least, self._last = least, self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, dict[int, tuple[str, int]]]:
+        threads = {}
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:  # the thread ended meanwhile
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # after the name, which may hold spaces
+            tid = int(task.name)
+            name = "main" if tid == os.getpid() else stat[stat.index("(") + 1:stat.rindex(")")]
+            threads[tid] = (name, int(fields[11]) + int(fields[12]))  # utime + stime, in clock ticks
+        return time.monotonic(), threads
+
+    def take(self) -> dict[str, float]:
+        (t0, before), (t1, now) = self._last, self._read()
+        self._last = (t1, now)
+        busy: dict[str, float] = {}
+        for tid, (name, ticks) in now.items():
+            busy[name] = busy.get(name, 0) + ticks - before.get(tid, (name, 0))[1]
+        scale = 1 / (os.sysconf("SC_CLK_TCK") * max(t1 - t0, 1e-9))
+        return {n: round(v * scale, 2) for n, v in sorted(busy.items()) if v * scale >= self.least}
+
+
+def poller_gbps(bench, seconds: float) -> float:
+    """GB/s of expert bytes through the CPU-graph branch's protocol: stage 8 experts, write go,
+    spin until done (the host thread as CUDA's default synchronisation keeps it busy)."""
+    gu, down, H = bench.views["gate_up"], bench.views["down"], bench.views["down"].shape[1]
+    act = bench.cpu.act_dtype(gu)
+    flags, nfill = torch.zeros(3, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
+    x, ids, w, out = (torch.zeros(1, H, dtype=act), torch.zeros(1, 8, dtype=torch.int64),
+                      torch.full((1, 8), 1 / 8), torch.zeros(1, H))
+    x.copy_(bench.x)
+    poller = bench.cpu.poller(flags, nfill, x, ids, w, out, [gu], [down])
+    n, i, t0 = gu.shape[0], 0, time.perf_counter()
+    try:
+        while time.perf_counter() - t0 < seconds:
+            ids[0] = (torch.arange(8) + i) % n
+            v = 1 | (1 << 20)
+            flags[2] = v  # no fills in this step: their flag is up from the start
+            flags[0] = v
+            while int(flags[1]) != v:
+                pass
+            flags[1] = 0
+            i += 8
+        poller.stats()  # raises if a job failed
+    finally:
+        poller.close()
+    return i * bench.layout.slot_bytes / (time.perf_counter() - t0) / 1e9
+
+
+def main() -> None:
+    from engine.profile import EXPERT, Bench, busy_host_threads, llc_bytes
+    from engine.moe.layout import SlotLayout
+    from kernels import cpu_executor
+    cores = cpu_executor._cores()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", default=",".join(map(str, sorted(
+        {n for n in (1, 2, 4, 8, cores - 6, cores - 4, cores - 3, cores - 2, cores - 1, cores) if n >= 1}))),
+                    help="comma list of thread counts asked for")
+    ap.add_argument("--spinners", default="0,1,2", help="comma list: busy processes beside the executor")
+    ap.add_argument("--reserve", type=int, default=cpu_executor.HOST_THREADS,
+                    help="cores kept from the workers for the host threads (0: no cap)")
+    ap.add_argument("--seconds", type=float, default=1.0, help="per measurement")
+    a = ap.parse_args()
+    cpu_executor.HOST_THREADS = a.reserve
+    slot = SlotLayout.for_experts(*EXPERT, torch.bfloat16).slot_bytes
+    bench = Bench(max(96, -(-3 * llc_bytes() // slot)), cuda=False)
+    for spinners in map(int, a.spinners.split(",")):
+        with busy_host_threads(spinners):
+            for n in map(int, a.threads.split(",")):
+                bench.use_threads(n)
+                for path, measure in (("executor", bench.cpu_experts), ("poller", lambda s: poller_gbps(bench, s))):
+                    print(json.dumps({"path": path, "spinners": spinners, "threads": n, "pool_threads": bench.cpu.threads,
+                                      "cores": cores, "reserve": a.reserve, "gbps": round(measure(a.seconds), 2)}),
+                          flush=True)
+    bench.cpu.close()
+
+
+if __name__ == "__main__":
+    main()
