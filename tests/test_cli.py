@@ -308,3 +308,12 @@ def test_serve_refuses_a_port_in_use_in_one_line(tiny_hf):
         s.bind(("127.0.0.1", 0))
         s.listen()
         one_line_error(cli("serve", tiny_hf, "--port", s.getsockname()[1]), "already in use")
+
+
+def test_bench_decode_rows_per_thread_count(tiny_hf):
+    """--cpu-threads 1,2: the rows again for each count, on one load (the second run finds the KV
+    pool the first one used free again)."""
+    r = cli("bench", "decode", tiny_hf, "--device", "cpu", "--tokens", 2, "--repeats", 1, "--expert-budget", "1MiB",
+            "--moe-policy", "cpu", "--depth", 400, "--cpu-threads", "1,2", "--json")
+    assert r.exit_code == 0, r.output
+    assert [x["threads"] for x in json.loads(r.stdout)["rows"]] == [1, 2]

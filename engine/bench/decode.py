@@ -224,4 +224,6 @@ def run(runner: ModelRunner, store, base: EngineConfig, budgets: list[int | None
         if load:
             stop.set()
             [p.join() for p in procs]
+    if sched.prefix:  # give the prompts' pages back: the next run's scheduler starts from an empty pool
+        sched.prefix.evict(sched.prefix.pages)
     return rows
