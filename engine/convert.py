@@ -15,7 +15,7 @@ import torch
 
 from engine.errors import UserError
 from engine.formats import QParts, Scheme, dequant_parts, fuse_gate_up, scheme_of
-from engine.models import arch_module, canonical_name, dense_tensor, model_config, read_hf_config
+from engine.models import canonical_name, dense_tensor, model_config, read_hf_config
 from engine.models.base import FLOAT_NAMES, ModelConfig
 from engine.moe.layout import SlotLayout
 from engine.moe.store import bank_name

@@ -141,7 +141,6 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
              device: torch.device, dtype: torch.dtype, path: Path | None, clock: Phases) -> ModelRunner:
     """KV pool, expert cache and runtime around loaded weights; runner.timings gets the load's phases."""
     persist_compile_caches()  # before the graph warm-up compiles anything
-    layout = store.layout
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,

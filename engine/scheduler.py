@@ -14,8 +14,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.config import SamplingParams
 from engine.constrain import Constraint, Grammars
 from engine.kv.batch import ForwardBatch

@@ -9,6 +9,7 @@ import torch
 from engine.errors import UserError
 from engine.models import model_config
 from engine.models.base import ModelConfig
+from engine.moe.layout import SlotLayout
 
 QWEN3 = dict(model_type="qwen3_moe", num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
              norm_topk_prob=True, vocab_size=151936, rope_theta=1e6, max_position_embeddings=40960)
@@ -59,10 +60,9 @@ def random_dense(model: torch.nn.Module, gen: torch.Generator) -> None:
         p.data.copy_(data.to(p.dtype))
 
 
-def expert_layout(cfg: ModelConfig, quant: tuple[str, int] | None) -> "SlotLayout":
+def expert_layout(cfg: ModelConfig, quant: tuple[str, int] | None) -> SlotLayout:
     """The slot layout of the shape's experts: bf16, or quant = (format, group) of kernels.quant
     (a group that does not divide a tiny shape's dimensions halves until it does)."""
-    from engine.moe.layout import SlotLayout
     from kernels.quant import quantize
     H, I = cfg.hidden_size, cfg.moe_intermediate_size
     if quant is None:

@@ -179,11 +179,12 @@ def test_bench_decode_online_and_fixed_q_take_turns(tiny_hf, tmp_path, monkeypat
 def test_bench_decode_rows_per_thread_count(tiny_hf, monkeypatch):
     """--cpu-threads takes a comma list: one load, the rows of each count in turn, each row with
     the count asked for, the pool's (capped by the cores left beside the host threads: 2 of 4)
-    and the cores its threads kept busy."""
+    and the cores its threads kept busy. The prompt is deep enough that the second run needs the KV
+    pages the first one's prompts held."""
     from kernels import cpu_executor
     monkeypatch.setattr(cpu_executor, "_core_cpus", lambda: [0, 1, 2, 3])
     r = cli("bench", "decode", tiny_hf, "--device", "cpu", "--tokens", 2, "--repeats", 1, "--expert-budget",
-            "1MiB", "--moe-policy", "cpu", "--cpu-threads", "1,5", "--json")
+            "1MiB", "--moe-policy", "cpu", "--depth", 400, "--cpu-threads", "1,5", "--json")
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["rows"]
     assert [(x["threads"], x["pool_threads"]) for x in rows] == [(1, 1), (5, 2)]
@@ -309,11 +310,3 @@ def test_serve_refuses_a_port_in_use_in_one_line(tiny_hf):
         s.listen()
         one_line_error(cli("serve", tiny_hf, "--port", s.getsockname()[1]), "already in use")
 
-
-def test_bench_decode_rows_per_thread_count(tiny_hf):
-    """--cpu-threads 1,2: the rows again for each count, on one load (the second run finds the KV
-    pool the first one used free again)."""
-    r = cli("bench", "decode", tiny_hf, "--device", "cpu", "--tokens", 2, "--repeats", 1, "--expert-budget", "1MiB",
-            "--moe-policy", "cpu", "--depth", 400, "--cpu-threads", "1,2", "--json")
-    assert r.exit_code == 0, r.output
-    assert [x["threads"] for x in json.loads(r.stdout)["rows"]] == [1, 2]

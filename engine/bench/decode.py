@@ -34,16 +34,21 @@ def decode_once(sched: Scheduler, prompts: list[list[int]], tokens: int, prof=No
     repeat prefills only its last partial page), and every stream has its first token before the
     clock starts. A torch.profiler `prof` records the timed steps only."""
     runner = sched.runner
+    def until(done) -> None:  # every prompt fits the pool, so a few steps per token suffice
+        for _ in range(sum(map(len, prompts)) + 8):
+            if done():
+                return
+            sched.step()
+        raise RuntimeError("the bench's prompts did not fit the KV pool: pages were not given back")
+
     for p in prompts:
         seq = Sequence(list(p), SamplingParams(max_tokens=1, ignore_eos=True))
         sched.add(seq)
-        while not seq.finish:
-            sched.step()
+        until(lambda: seq.finish)
     seqs = [Sequence(list(p), SamplingParams(max_tokens=1 << 30, ignore_eos=True)) for p in prompts]
     for seq in seqs:
         sched.add(seq)
-    while not all(seq.output for seq in seqs):
-        sched.step()
+    until(lambda: all(seq.output for seq in seqs))
     sync(runner)
     runner.runtime.sync_stats()
     st = runner.runtime.cache.stats

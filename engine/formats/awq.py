@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from engine.errors import UserError
-from engine.formats.base import QParts, Scheme, check_shape, codes_to_q, need, unpack_int32
+from engine.formats.base import QParts, Scheme, check_shape, codes_to_q, need, scale_groups, unpack_int32
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
@@ -38,10 +38,7 @@ class AWQ(Scheme):
         codes = deinterleave(unpack_int32(t[".qweight"], 4, 1))   # [K, N]
         k, n = codes.shape
         scales = t[".scales"]
-        groups = scales.shape[0] if scales.dim() == 2 else 0
-        if not groups or k % groups:
-            raise UserError(f"tensor {stem}.scales has shape {list(scales.shape)}, which does not divide the "
-                            f"{k} input features of {name} into groups; the checkpoint looks damaged")
+        groups = scale_groups(f"{stem}.scales", scales, 0, k, name)
         check_shape(f"{stem}.scales", scales, (groups, n))
         check_shape(f"{stem}.qzeros", t[".qzeros"], (groups, n // 8))
         zeros = deinterleave(unpack_int32(t[".qzeros"], 4, 1))

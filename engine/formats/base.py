@@ -55,6 +55,15 @@ def check_shape(what: str, t: torch.Tensor, want: tuple) -> None:
                         "the checkpoint's tensors and quantization config disagree")
 
 
+def scale_groups(what: str, scales: torch.Tensor, dim: int, k: int, name: str) -> int:
+    """Groups the scales tensor `what` makes along `dim` of the K = k input features of `name`."""
+    groups = scales.shape[dim] if scales.dim() == 2 else 0
+    if not groups or k % groups:
+        raise UserError(f"tensor {what} has shape {list(scales.shape)}, which does not divide the "
+                        f"{k} input features of {name} into groups; the checkpoint looks damaged")
+    return groups
+
+
 def unpack_int32(t: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """int32 words holding 32 // bits values each, the first in the lowest bits, packed along
     `dim` -> int32 values with that dimension 32 // bits times longer."""

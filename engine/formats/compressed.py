@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.errors import UserError
-from engine.formats.base import QParts, Scheme, check_shape, codes_to_q, need, unpack_int32
+from engine.formats.base import QParts, Scheme, check_shape, codes_to_q, need, scale_groups, unpack_int32
 
 
 class PackQuantized(Scheme):
@@ -42,10 +42,7 @@ class PackQuantized(Scheme):
         check_shape(f"{stem}.weight_packed", t[".weight_packed"], (n, -(-k * self.bits // 32)))
         codes = unpack_int32(t[".weight_packed"], self.bits, 1)[:, :k]
         scale = t[".weight_scale"]
-        groups = scale.shape[1] if scale.dim() == 2 else 0
-        if not groups or k % groups:
-            raise UserError(f"tensor {stem}.weight_scale has shape {list(scale.shape)}, which does not divide the "
-                            f"{k} input features of {name} into groups; the checkpoint looks damaged")
+        groups = scale_groups(f"{stem}.weight_scale", scale, 1, k, name)
         check_shape(f"{stem}.weight_scale", scale, (n, groups))
         zp = t.get(".weight_zero_point")
         if zp is None:
