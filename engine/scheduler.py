@@ -1,11 +1,14 @@
 """Requests and steps: each step decodes every running sequence by one token and, when a
 prompt is waiting, adds one prefill chunk of it to the same batch (chunked prefill), so a long
-prompt never freezes other streams."""
+prompt never freezes other streams. Between two steps is a safe point: work that changes what a
+step runs on (resizing the expert cache) waits for it, from any thread."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -52,15 +55,40 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0)
+        self._lock = threading.RLock()  # held by a step (and an abort): free between steps
+        self._pending: deque[tuple] = deque()
+
+    def safe_point(self, fn):
+        """Run fn() between two steps, from any thread, and return its result (or raise its
+        error): the thread that steps runs it before its next step; while none steps, the
+        calling thread does."""
+        fut = Future()
+        self._pending.append((fn, fut))
+        while not fut.done():
+            if self._lock.acquire(timeout=0.05):
+                try:
+                    self._run_pending()
+                finally:
+                    self._lock.release()
+        return fut.result()
+
+    def _run_pending(self) -> None:
+        while self._pending:
+            fn, fut = self._pending.popleft()
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # the caller of safe_point raises it
+                fut.set_exception(e)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def abort(self, seq: Sequence) -> None:
-        seq.finish = seq.finish or "abort"
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        self._retire(seq)
+        with self._lock:
+            seq.finish = seq.finish or "abort"
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self._retire(seq)
 
     @property
     def busy(self) -> bool:
@@ -90,6 +118,11 @@ class Scheduler:
 
     def step(self) -> list[tuple[Sequence, int]]:
         """Run one forward; returns (sequence, new token) for every sequence that sampled."""
+        with self._lock:
+            self._run_pending()
+            return self._step()
+
+    def _step(self) -> list[tuple[Sequence, int]]:
         self._admit()
         plan = self._plan()
         if not plan:
