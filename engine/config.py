@@ -69,6 +69,7 @@ class EngineConfig:
     verify: bool = False                # verify FTW checksums at load
     graph: bool | None = None           # device-resident control + CUDA-graph decode; None = on CUDA
     prefill_mode: str = "adaptive"      # long prefill chunks: adaptive | stream | routed (engine.moe.prefill)
+    elastic: bool | None = None         # follow free GPU memory (engine.elastic); None = on with an auto budget
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import select
 import sys
 
-HELP = "commands: /reset  /stats  /system TEXT  /exit (or Ctrl-D); end a line with \\ to continue it"
+HELP = ("commands: /reset  /stats  /system TEXT  /budget [SIZE]  /exit (or Ctrl-D); "
+        "end a line with \\ to continue it")
 DIM, RESET = "\033[2m", "\033[0m"
 
 
@@ -47,12 +48,25 @@ class Chat:
         elif cmd == "/system":
             self.system, self.history = arg.strip() or None, []
             print("(system message set, history cleared)")
+        elif cmd == "/budget":
+            self.budget(arg.strip())
         elif cmd == "/stats":
             from freetoken_cli.stats import format_stats
             print(format_stats(self.llm.stats))
         else:
             print(HELP)
         return True
+
+    def budget(self, size: str) -> None:
+        """/budget SIZE resizes the expert cache (8GiB, 512MiB, auto); /budget alone shows it."""
+        from engine.config import parse_size
+        from engine.errors import UserError
+        try:
+            if size:
+                self.llm.elastic.set_budget(parse_size(size))
+        except UserError as e:
+            print(f"error: {e}")
+        print(f"({self.llm.elastic.describe()})")
 
     def answer(self, text: str) -> None:
         from engine.server.parsers import OutputParser, ReasoningDelta, TextDelta
