@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
-# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step.
+# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | elastic.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 # PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
@@ -58,4 +58,9 @@ prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 20
 step)  # where one decode step's GPU time goes, 12 layers, per policy
   python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
   python3 -m engine.bench.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;
+elastic)  # issue 22 item 6: the elastic resize on the GPU, then another process takes 20 GiB mid-decode and frees it
+  timeout -s ABRT 240 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_elastic.py \
+    tests/test_graphs.py > "$out/gpu_tests.txt" 2>&1; tail -5 "$out/gpu_tests.txt"
+  timeout -s ABRT 330 python3 -m engine.bench.elastic --layers 16 --gpu-gib 32 --other-gib 20 \
+    > "$out/elastic.json" 2> "$out/elastic.err"; cat "$out/elastic.json"; tail -5 "$out/elastic.err" ;;
 esac
