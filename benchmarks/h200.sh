@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
 # torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | depth |
-# startup | depth-run | threads-probe | threads-decode.
+# startup | depth-run | threads-probe | threads-decode | elastic.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 # PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
@@ -101,4 +101,9 @@ threads-decode)  # issue 22: graph decode rows at 1..16 CPU threads, 8 layers, 1
   tail -22 "$out/threads_decode.txt"
   python3 -c "import json; [print(r['policy'], r['threads'], r['pool_threads'], round(r['tok_s'], 1), r['cpu_busy'])
     for r in json.load(open('$out/threads_decode.json'))['rows']]" ;;
+elastic)  # issue 22 item 6: the elastic resize on the GPU, then another process takes 20 GiB mid-decode and frees it
+  timeout -s ABRT 240 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_elastic.py \
+    tests/test_graphs.py > "$out/gpu_tests.txt" 2>&1; tail -5 "$out/gpu_tests.txt"
+  timeout -s ABRT 330 python3 -m engine.bench.elastic --layers 16 --gpu-gib 32 --other-gib 20 \
+    > "$out/elastic.json" 2> "$out/elastic.err"; cat "$out/elastic.json"; tail -5 "$out/elastic.err" ;;
 esac

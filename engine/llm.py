@@ -8,8 +8,9 @@ from typing import Callable, Iterator
 
 from engine.config import EngineConfig, SamplingParams
 from engine.constrain import Grammars
+from engine.elastic import check_elastic, elastic_experts
 from engine.errors import UserError
-from engine.loader import load_runner
+from engine.loader import load_runner, pick_device
 from engine.moe.cache import CacheStats
 from engine.resolve import ensure_ftw
 from engine.scheduler import Scheduler, Sequence
@@ -24,6 +25,7 @@ class GenStats:
     decode_s: float = 0.0
     cache: CacheStats = field(default_factory=CacheStats)  # what this answer did to the expert cache
     cache_occupancy: float = 0.0
+    cache_bytes: int = 0                # the expert cache's size at the end of the answer
     q_star: float = 0.0                 # current split: share of misses fetched
     b_p_gbps: float | None = None       # current online estimates (None: not estimated)
     b_h_gbps: float | None = None
@@ -47,6 +49,7 @@ class GenStats:
 class LLM:
     def __init__(self, config: EngineConfig, progress: Callable[[str, int, int], None] | None = None,
                  say: Callable[[str], None] = lambda msg: None):
+        check_elastic(config, pick_device(config.device))
         path = ensure_ftw(config.model, progress=(lambda d, t: progress("convert", d, t)) if progress else None)
         self.runner = load_runner(config, path, progress)
         self.name = config.model or "demo"
@@ -58,6 +61,7 @@ class LLM:
         self.grammars = Grammars(self.tokenizer.tok, self.tokenizer.eos_ids)
         self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk,
                                    grammars=self.grammars)
+        self.elastic = elastic_experts(r, self.scheduler, config)  # the expert budget while serving
         self.stats = GenStats()
 
     @property
@@ -72,7 +76,7 @@ class LLM:
                 "decode_tok_s": t["decode_tokens"] / t["decode_s"] if t["decode_s"] else 0.0,
                 **t, "expert_hit_rate": c.stats.hit_rate, **asdict(c.stats),
                 "q_star": self.runner.runtime.qstar.value, "cache_occupancy": c.occupancy,
-                "cache_slots": c.n_slots, "kv_pages_used": self.runner.kv.used,
+                **self.elastic.stats(), "kv_pages_used": self.runner.kv.used,
                 "kv_pages_total": self.runner.kv.n_pages,
                 "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
                 "prefix_cached_pages": self.scheduler.prefix.pages if self.scheduler.prefix else 0,
@@ -126,7 +130,8 @@ class LLM:
     def _cache_delta(self, before: CacheStats) -> None:
         st, rt = self.stats, self.runner.runtime
         st.cache = self.cache_stats - before
-        st.cache_occupancy, st.q_star, est = rt.cache.occupancy, rt.qstar.value, rt.qstar.estimator
+        st.cache_occupancy, st.cache_bytes = rt.cache.occupancy, rt.cache.nbytes
+        st.q_star, est = rt.qstar.value, rt.qstar.estimator
         if est:
             st.b_p_gbps, st.b_h_gbps = est.b_p / 1e9, est.b_h / 1e9
 

@@ -186,17 +186,15 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     optional routing override, which a CUDA graph must see at capture). The host store is
     untouched; the old cache is freed first."""
     cfg, layout, old = runner.cfg, store.layout, runner.runtime
-    if runner.graphs is not None:
-        runner.kv.release([runner.graphs.page])
+    release_graphs(runner)
     if old is not None:
         old.close()
         old.cache.pool = old.cache.w = None  # free device memory before allocating the new pool
-        runner.runtime = runner.graphs = None
+        runner.runtime = None
         if runner.device.type == "cuda":
             torch.cuda.empty_cache()
-    room = 2 * prefill_bytes(config.prefill_chunk or 2048, cfg, runner.max_context, runner.kv.k.dtype)
     slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, runner.device,
-                         reserve=GiB + runner.kv.bytes // 8 + room)  # room: a prefill chunk
+                         device_reserve(runner, config.prefill_chunk))
     policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
     graph = use_graphs(config, runner.device)
     cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, runner.device, device_tables=graph)
@@ -214,13 +212,33 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
         runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
         runtime.device_ctl.set_q()  # the capture's warm-up steps must follow the policy too
         if runner.device.type == "cuda":
-            from engine.graphs import DecodeGraphs
-            runner.graphs = DecodeGraphs(runner.model, runner.kv, -(-runner.max_context // runner.kv.page_size),
-                                         config.max_running, runtime.device_ctl.counts)
-            cache.tables.clear()  # the warm-up steps ran on dummy tokens: start from an empty cache
+            capture_graphs(runner, config.max_running)
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
         runtime.warm()
     return runtime
+
+
+def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
+    """Device memory an auto expert budget leaves free: 1 GiB, an eighth of the KV pool and the
+    room a prefill chunk works in."""
+    room = 2 * prefill_bytes(prefill_chunk or 2048, runner.cfg, runner.max_context, runner.kv.k.dtype)
+    return GiB + runner.kv.bytes // 8 + room
+
+
+def capture_graphs(runner: ModelRunner, max_running: int) -> None:
+    """Capture the decode graphs against the current expert cache and tables; the capture's
+    warm-up steps run on dummy tokens, so they leave the tables empty and the counters unmoved."""
+    from engine.graphs import DecodeGraphs
+    runner.graphs = DecodeGraphs(runner.model, runner.kv, -(-runner.max_context // runner.kv.page_size),
+                                 max_running, runner.runtime.device_ctl.counts)
+    runner.runtime.cache.tables.clear()
+
+
+def release_graphs(runner: ModelRunner) -> None:
+    """Drop the decode graphs (they point into the expert cache) and their scratch KV page."""
+    if runner.graphs is not None:
+        runner.kv.release([runner.graphs.page])
+        runner.graphs = None
 
 
 def use_graphs(config: EngineConfig, device: torch.device) -> bool:

@@ -6,12 +6,17 @@ The running sequences share one KV pool (--max-context tokens by default, so run
 requests costs no memory up front). When a step needs pages the pool does not have, the prefix
 cache gives back unused pages first; then the most recently admitted sequences are preempted:
 their pages go to the prefix cache and they wait at the head of the queue, to resume (mostly
-from that cache) when there is room. The oldest sequence always fits, so every request ends."""
+from that cache) when there is room. The oldest sequence always fits, so every request ends.
+
+Between two steps is a safe point: work that changes what a step runs on (resizing the expert
+cache) waits for it, from any thread."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from engine.config import SamplingParams
@@ -59,15 +64,40 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0, preempted=0)
+        self._lock = threading.RLock()  # held by a step (and an abort): free between steps
+        self._pending: deque[tuple] = deque()
+
+    def safe_point(self, fn):
+        """Run fn() between two steps, from any thread, and return its result (or raise its
+        error): the thread that steps runs it before its next step; while none steps, the
+        calling thread does."""
+        fut = Future()
+        self._pending.append((fn, fut))
+        while not fut.done():
+            if self._lock.acquire(timeout=0.05):
+                try:
+                    self._run_pending()
+                finally:
+                    self._lock.release()
+        return fut.result()
+
+    def _run_pending(self) -> None:
+        while self._pending:
+            fn, fut = self._pending.popleft()
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # the caller of safe_point raises it
+                fut.set_exception(e)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def abort(self, seq: Sequence) -> None:
-        seq.finish = seq.finish or "abort"
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        self._retire(seq)
+        with self._lock:
+            seq.finish = seq.finish or "abort"
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self._retire(seq)
 
     @property
     def busy(self) -> bool:
@@ -126,6 +156,11 @@ class Scheduler:
 
     def step(self) -> list[tuple[Sequence, int]]:
         """Run one forward; returns (sequence, new token) for every sequence that sampled."""
+        with self._lock:
+            self._run_pending()
+            return self._step()
+
+    def _step(self) -> list[tuple[Sequence, int]]:
         self._admit()
         t0 = time.perf_counter()
         plan = self._plan()

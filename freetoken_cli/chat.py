@@ -17,7 +17,8 @@ import termios
 import threading
 from contextlib import contextmanager
 
-HELP = "commands: /reset  /stats  /system TEXT  /exit (or Ctrl-D); end a line with \\ to continue it"
+HELP = ("commands: /reset  /stats  /system TEXT  /budget [SIZE]  /exit (or Ctrl-D); "
+        "end a line with \\ to continue it")
 DIM, RESET = "\033[2m", "\033[0m"
 
 
@@ -61,7 +62,11 @@ def no_signal_keys():
 @contextmanager
 def ctrl_c_interrupts():
     """While inside, a Ctrl-C typed raises KeyboardInterrupt in the main thread (as SIGINT would);
-    other keys typed meanwhile are dropped."""
+    other keys typed meanwhile are dropped. Without a terminal (the chat driven by code) there
+    are no keys to watch."""
+    if not sys.stdin.isatty():
+        yield
+        return
     fd, done = sys.stdin.fileno(), threading.Event()
 
     def watch():
@@ -101,6 +106,8 @@ class Chat:
         elif cmd == "/system":
             self.system, self.history = arg.strip() or None, []
             print("(system message set, history cleared)")
+        elif cmd == "/budget":
+            self.budget(arg.strip())
         elif cmd == "/stats":
             from freetoken_cli.stats import format_stats
             print(format_stats(self.llm.stats))
@@ -123,6 +130,16 @@ class Chat:
         if dropped:
             print(f"{DIM}(dropped the oldest {dropped} turn{'s' * (dropped > 1)} to fit the {limit}-token context){RESET}")
         return ids
+    def budget(self, size: str) -> None:
+        """/budget SIZE resizes the expert cache (8GiB, 512MiB, auto); /budget alone shows it."""
+        from engine.config import parse_size
+        from engine.errors import UserError
+        try:
+            if size:
+                self.llm.elastic.set_budget(parse_size(size))
+        except UserError as e:
+            print(f"error: {e}")
+        print(f"({self.llm.elastic.describe()})")
 
     def answer(self, text: str) -> None:
         from engine.errors import UserError

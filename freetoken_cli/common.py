@@ -64,6 +64,9 @@ Context = typer.Option(32768, help="context length in tokens")
 Chunk = typer.Option("auto", help="tokens per prefill chunk (auto: as many as free device memory holds)")
 Verify = typer.Option(False, "--verify", help="check every tensor's checksum while loading (reads the model twice)")
 NoGraph = typer.Option(False, "--no-graph", help="eager decode (no CUDA graphs, host-side expert control)")
+Elastic = typer.Option(None, "--elastic/--no-elastic",
+                       help="shrink the expert cache when other programs take GPU memory, grow it back when "
+                            "they free it (default: on with --expert-budget auto)")
 
 
 class Progress:

@@ -11,6 +11,7 @@ import torch
 from engine.errors import UserError
 from engine.moe.layout import SlotLayout
 from engine.moe.tables import DeviceTables, HostTables, ResidencyTables
+from kernels import ref
 
 
 @dataclass
@@ -63,18 +64,46 @@ def slots_for_budget(budget: int, layout: SlotLayout, n_experts: int) -> int:
 class ExpertCache:
     def __init__(self, layout: SlotLayout, n_slots: int, n_layers: int, n_experts: int,
                  device: torch.device, device_tables: bool = False):
-        self.layout = layout
-        self.pool = torch.empty(n_slots, layout.slot_bytes, dtype=torch.uint8, device=device)
-        self.w = layout.views(self.pool)                  # {name: [S, ...]}
-        self.n_experts = n_experts
-        # graph mode: control on the device; eager control: one sync per layer step
-        self.tables: ResidencyTables = (DeviceTables(n_slots, n_layers * n_experts, n_experts, device)
-                                        if device_tables else HostTables(n_slots, n_layers * n_experts, n_layers))
+        self.layout, self.n_layers, self.n_experts = layout, n_layers, n_experts
+        self.device, self.device_tables = device, device_tables
+        self._allocate(n_slots)
         self.stats = CacheStats()
+
+    def _allocate(self, n_slots: int) -> None:
+        self.pool = torch.empty(n_slots, self.layout.slot_bytes, dtype=torch.uint8, device=self.device)
+        self.w = self.layout.views(self.pool)             # {name: [S, ...]}
+        n_flat = self.n_layers * self.n_experts
+        # graph mode: control on the device; eager control: one sync per layer step
+        self.tables: ResidencyTables = (DeviceTables(n_slots, n_flat, self.n_experts, self.device)
+                                        if self.device_tables else HostTables(n_slots, n_flat, self.n_layers))
+
+    def resize(self, n_slots: int) -> None:
+        """Replace the pool and tables by empty ones of n_slots, freeing the old pool first so the
+        device never holds both (keep `tables` beforehand for adopt()). Out of device memory:
+        empty ones of the old size, and the error raised."""
+        before = self.n_slots
+        self.pool = self.w = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            self._allocate(n_slots)
+        except torch.cuda.OutOfMemoryError:
+            self._allocate(before)
+            raise
+
+    def adopt(self, old: ResidencyTables, rows: torch.Tensor) -> None:
+        """Keep the most recently used experts of `old` tables that fit: their rows copied from
+        the host store (rows [L*E, slot_bytes], the source of truth) into the new pool."""
+        slots, flats = self.tables.adopt(old)
+        ref.fill_rows(rows, self.pool, torch.tensor(slots), torch.tensor(flats), 0)
 
     @property
     def n_slots(self) -> int:
         return self.pool.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.pool.numel()
 
     @property
     def occupancy(self) -> float:

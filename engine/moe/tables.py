@@ -37,6 +37,11 @@ class ResidencyTables(Protocol):
     def release(self, slots: list[int]) -> None:
         """Return reserved slots as empty, least recently used."""
 
+    def adopt(self, old) -> tuple[list[int], list[int]]:
+        """Take over, into these empty tables, the most recently used experts of `old` (tables of
+        the same kind and another size) that fit, keeping their order of recency, and its demand
+        history -> (slots, flat ids): the rows to copy into the new pool."""
+
 
 class HostTables:
     """The semantics of kernels.ref.plan with O(K + F) Python work per layer step. An ordered
@@ -79,6 +84,18 @@ class HostTables:
         for s in sorted(slots, reverse=True):
             self.lru[s] = None
             self.lru.move_to_end(s, last=False)
+
+    def adopt(self, old: HostTables) -> tuple[list[int], list[int]]:
+        # the kept experts take the last slots in their LRU order: the empty slots before them stay
+        # first in line, as the reference's (last_use, slot) order puts them
+        assert not self.owned, "adopt into empty tables"
+        S = len(self.owner_of)
+        flats = [old.owner_of[s] for s in old.lru if old.owner_of[s] >= 0][-S:]
+        slots = list(range(S - len(flats), S))
+        for s, f in zip(slots, flats):
+            self.install(s, f)
+        self.seen, self.clock = list(old.seen), old.clock
+        return slots, flats
 
     def missing(self, ids: list[list[int]], base: int) -> int:
         return sum(self.slot_of[base + e] < 0 for e in {e for row in ids for e in row})
@@ -157,6 +174,18 @@ class DeviceTables:
 
     def release(self, slots: list[int]) -> None:
         self.last_use[torch.tensor(slots, device=self.last_use.device)] = -1
+
+    def adopt(self, old: DeviceTables) -> tuple[list[int], list[int]]:
+        # as HostTables.adopt; the kept slots keep their last_use, so ties stay in slot order
+        assert not self.owned, "adopt into empty tables"
+        S = self.owner_of.numel()
+        order = torch.argsort(old.last_use, stable=True)  # least recently used first
+        kept = order[old.owner_of[order] >= 0][-S:]
+        flats, slots = old.owner_of[kept], torch.arange(S - kept.numel(), S, device=kept.device)
+        self.owner_of[slots], self.last_use[slots], self.slot_of[flats] = flats, old.last_use[kept], slots
+        self.seen.copy_(old.seen)
+        self.clock.copy_(old.clock)
+        return slots.tolist(), flats.tolist()
 
     def missing(self, ids: list[list[int]], base: int) -> int:
         flat = torch.tensor(sorted({base + e for row in ids for e in row}), device=self.slot_of.device)

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from engine.server import anthropic_api, openai_api, responses_api
+from engine.server import admin_api, anthropic_api, openai_api, responses_api
 from engine.server.messages import APIError
 from engine.server.state import Options, ProgressFn, Server, choose_parsers, get_server
 
@@ -69,7 +69,7 @@ def create_app(load: Callable[[ProgressFn], Any], model_name: str,
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
     _add_common_routes(app, server)
-    for module in (openai_api, responses_api, anthropic_api):
+    for module in (openai_api, responses_api, anthropic_api, admin_api):
         app.include_router(module.router)
     return app
 

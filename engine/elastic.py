@@ -1,0 +1,190 @@
+"""Elastic expert memory: the device expert cache resized while the model serves, at a scheduler
+safe point (between two steps), without a restart and without dropping requests. A resize is
+warm: the most recently used experts that fit are copied into the new pool from the host store
+(the source of truth) and keep their order of recency and demand history, so decode goes on
+with its working set; on CUDA the decode graphs, which point into the pool and the tables, are
+captured again. The budget a user sets (--expert-budget, /budget in the chat, POST
+/v1/admin/expert-budget) is a ceiling; with --elastic (on by default with an auto budget on
+CUDA) a watcher polls free device memory (NVML) at safe points and shrinks the cache below it
+when another program takes memory, and grows it back once the memory is free again."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from engine.errors import UserError
+from engine.loader import GiB, capture_graphs, device_reserve, free_memory, release_graphs
+from engine.moe.cache import slots_for_budget
+
+log = logging.getLogger("freetoken.elastic")
+MARGIN = 512 << 20   # the watcher's dead band over the reserve (bytes): no resize inside it
+SETTLE = 2.0         # seconds of surplus free memory before the watcher grows the cache
+
+
+def size_text(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
+
+
+def resize_experts(runner, budget: int, max_running: int) -> None:
+    """Resize the expert cache to `budget` bytes (at most every expert); call between steps.
+    A budget below one layer's experts raises UserError and changes nothing; one the device has
+    no room for keeps the old size (warm) and raises UserError."""
+    rt = runner.runtime
+    c, store = rt.cache, rt.store
+    slot = store.layout.slot_bytes
+    slots = min(slots_for_budget(budget, store.layout, store.n_experts), store.nbytes // slot)
+    if slots == c.n_slots:
+        return
+    assert not rt.streamer.active, "the expert cache is resized between steps only"
+    rt.sync_stats()
+    old, graphs, err = c.tables, runner.graphs is not None, None
+    release_graphs(runner)
+    try:
+        c.resize(slots)
+    except torch.cuda.OutOfMemoryError:
+        err = UserError(f"the device has no room for {size_text(slots * slot)} of experts; kept "
+                        f"{size_text(c.nbytes)}. Free device memory or ask for less")
+    if graphs:
+        capture_graphs(runner, max_running)
+    if c.nbytes >= store.nbytes:
+        rt.warm()  # every expert fits: all resident, as at load
+    else:
+        c.adopt(old, store.rows)
+    if err:
+        raise err
+
+
+class DeviceMemory:
+    """Free memory of a CUDA device as the engine can use it, read at a safe point: what NVML
+    reports free (the driver's figure where NVML cannot see the device) plus what torch's caching
+    allocator holds unused."""
+
+    def __init__(self, device: torch.device):
+        import pynvml
+        self.device, self.nvml, self.handle = device, pynvml, None
+        try:
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(device).uuid}")
+        except pynvml.NVMLError:
+            log.warning("NVML cannot see %s; --elastic reads free memory from the CUDA driver", device)
+
+    def __call__(self) -> int:
+        free = (self.nvml.nvmlDeviceGetMemoryInfo(self.handle).free if self.handle is not None
+                else torch.cuda.mem_get_info(self.device)[0])
+        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+
+
+class ElasticExperts:
+    """The expert budget of a loaded model while it serves: `set_budget` (the user's ceiling;
+    None = auto, every expert that free memory allows) and, when watching, the watcher's resizes
+    below it. Resizes run at the scheduler's next safe point."""
+
+    def __init__(self, runner, scheduler, budget: int | None, reserve: int):
+        self.runner, self.scheduler, self.budget, self.reserve = runner, scheduler, budget, reserve
+        self.resizes = 0
+        self.free: Callable[[], int] | None = None  # the watcher's source of free device memory
+        self.clock, self.margin, self.settle = time.monotonic, MARGIN, SETTLE
+        self._surplus_since: float | None = None
+        self._stop, self._thread = threading.Event(), None
+
+    @property
+    def cache(self):
+        return self.runner.runtime.cache
+
+    @property
+    def ceiling(self) -> int:
+        """The most the cache may hold (bytes): the budget set, or every expert."""
+        store = self.runner.runtime.store
+        return store.nbytes if self.budget is None else min(self.budget, store.nbytes)
+
+    def set_budget(self, budget: int | None) -> None:
+        """A new budget (bytes; None = auto), applied at once. A budget below one layer's
+        experts, or one the device has no room for, raises UserError and the budget stays."""
+        self.scheduler.safe_point(lambda: self._resize(self._auto() if budget is None else budget))
+        self.budget = budget
+
+    def _auto(self) -> int:
+        """What an auto budget gets now: every expert on the CPU; on the GPU the cache plus the
+        free memory beyond the reserve."""
+        dev = self.runner.device
+        if dev.type == "cpu":
+            return self.runner.runtime.store.nbytes
+        return self.cache.nbytes + (self.free() if self.free else free_memory(dev)) - self.reserve
+
+    def _resize(self, nbytes: int) -> None:
+        before = self.cache.n_slots
+        resize_experts(self.runner, nbytes, self.scheduler.max_running)
+        self.resizes += self.cache.n_slots != before
+
+    def poll(self) -> None:
+        """One decision of the watcher (at a safe point). Free memory under the reserve shrinks
+        the cache by the shortfall (never below one layer); free memory over reserve + margin for
+        `settle` seconds grows it back, up to the ceiling. Both aim at reserve + margin / 2 free,
+        so one resize does not call for the next."""
+        free, now, c = self.free(), self.clock(), self.cache
+        aim = self.reserve + self.margin // 2
+        slot = c.layout.slot_bytes
+        if free < self.reserve:
+            self._surplus_since = None
+            target = max(c.nbytes - (aim - free), c.n_experts * slot)
+        elif free > self.reserve + self.margin and c.nbytes + slot <= self.ceiling:
+            self._surplus_since = now if self._surplus_since is None else self._surplus_since
+            if now - self._surplus_since < self.settle:
+                return
+            target = min(c.nbytes + free - aim, self.ceiling)
+        else:
+            self._surplus_since = None
+            return
+        if target // slot != c.n_slots:
+            log.info("free device memory %.2f GiB: expert cache %.2f -> %.2f GiB", free / GiB, c.nbytes / GiB,
+                     target // slot * slot / GiB)
+            self._resize(target)
+
+    def watch(self, free: Callable[[], int], interval: float = 0.5) -> None:
+        """Poll `free` (bytes of device memory) every `interval` seconds at a safe point, in a
+        daemon thread, until close(). The reserve never exceeds what is free at the start: an
+        auto budget has just taken the rest."""
+        self.free = free
+        self.reserve = min(self.reserve, self.scheduler.safe_point(free))
+        self._thread = threading.Thread(target=self._watch, args=(interval,), name="freetoken-elastic", daemon=True)
+        self._thread.start()
+
+    def _watch(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.scheduler.safe_point(self.poll)
+            except UserError as e:  # no room to grow after all: try again at the next poll
+                log.warning("%s", e)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def stats(self) -> dict:
+        c = self.cache
+        return {"expert_budget": self.budget, "expert_cache_bytes": c.nbytes, "cache_slots": c.n_slots,
+                "elastic": self.free is not None, "expert_resizes": self.resizes}
+
+    def describe(self) -> str:
+        c, b = self.cache, self.budget
+        return (f"expert cache {size_text(c.nbytes)} ({c.n_slots} experts), budget "
+                + ("auto" if b is None else size_text(b)) + (", following free memory" if self.free else ""))
+
+
+def check_elastic(config, device: torch.device) -> None:
+    if config.elastic and device.type != "cuda":
+        raise UserError("--elastic follows free GPU memory and needs a CUDA device; drop --elastic or use --device cuda")
+
+
+def elastic_experts(runner, scheduler, config) -> ElasticExperts:
+    """The runtime budget of a freshly loaded model; watching free device memory with
+    config.elastic (None: on with an auto budget on CUDA)."""
+    e = ElasticExperts(runner, scheduler, config.expert_budget, device_reserve(runner, config.prefill_chunk))
+    if runner.device.type == "cuda" and (config.expert_budget is None if config.elastic is None else config.elastic):
+        e.watch(DeviceMemory(runner.device))
+    return e
