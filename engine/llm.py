@@ -12,7 +12,7 @@ from engine.elastic import check_elastic, elastic_experts
 from engine.errors import UserError
 from engine.loader import load_runner, pick_device
 from engine.moe.cache import CacheStats
-from engine.resolve import ensure_ftw
+from engine.resolve import ensure_ftw, model_key
 from engine.scheduler import Scheduler, Sequence
 from engine.tokenizer import StopText, Tokenizer
 
@@ -53,6 +53,7 @@ class LLM:
         path = ensure_ftw(config.model, progress=(lambda d, t: progress("convert", d, t)) if progress else None)
         self.runner = load_runner(config, path, progress)
         self.name = config.model or "demo"
+        self.source, self.path = model_key(config.model), path.resolve()  # what `run` matches a server by
         if config.moe_policy == "adaptive":
             from engine.profile import load_or_measure
             self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say, fmt=self.runner.runtime.store.layout.dtype))

@@ -41,6 +41,15 @@ def hf_source(model: str) -> Path:
                         "check the id and your connection, or pass a local directory") from None
 
 
+def model_key(model: str | None) -> str:
+    """Names MODEL without downloading or converting it: the absolute path of a local directory
+    (or of a converted model in the cache named MODEL), else the hub id as given."""
+    path = Path(model).expanduser() if model else DEMO
+    if not path.exists() and model and is_ftw(models_dir() / model):
+        path = models_dir() / model
+    return str(path.resolve()) if path.exists() else str(model)
+
+
 def ensure_ftw(model: str | None, dtype: str = "auto",
                progress: Callable[[int, int], None] | None = None) -> Path:
     """Return an FTW directory for MODEL (None = the embedded demo model), converting if needed."""

@@ -34,10 +34,13 @@ def run(model: Optional[str] = ModelArg,
         elastic: Optional[bool] = Elastic,
         record_trace: Optional[Path] = typer.Option(None, help="save the routed expert ids (.npy) for bench --routing trace:FILE"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
+        no_server: bool = typer.Option(False, "--no-server", help="load the model here even when a "
+                                       "`freetoken serve` of it answers (one-shot answers use one by default)"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="print stats to stderr")):
-    """Chat in a terminal, or answer one prompt (--prompt and/or piped stdin) printing only the answer."""
+    """Chat in a terminal, or answer one prompt (--prompt and/or piped stdin) printing only the answer.
+    A one-shot answer comes from a `freetoken serve` of the same model when one answers on
+    FREETOKEN_HOST:FREETOKEN_PORT (default 127.0.0.1:8000), without loading the model."""
     from engine.config import SamplingParams
-    from engine.llm import LLM
     interactive = prompt is None and sys.stdin is not None and sys.stdin.isatty()
     text = None if interactive else _read_prompt(prompt)
     if record_trace:
@@ -47,6 +50,14 @@ def run(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context,
                         no_graph or record_trace is not None,  # recording reads ids on the host
                         prefill_chunk=prefill_chunk, verify=verify, elastic=elastic)
+    if not (interactive or no_server or as_json or record_trace):  # those need the engine here
+        from freetoken_cli import client
+        if server := client.find_server(model):
+            _print(client.stream(*server, text, raw, _messages(system, text), params))
+            if verbose:
+                typer.echo(f"(answered by the server at {server[0]}; its /v1/stats has the engine's statistics)", err=True)
+            return
+    from engine.llm import LLM
     bar = Progress(quiet=as_json)
     try:
         llm = LLM(cfg, bar, say=lambda m: typer.echo(m, err=True) if verbose else None)
@@ -73,13 +84,17 @@ def _answer(llm, interactive: bool, text, raw: bool, system, params, as_json: bo
         out = {"text": llm.tokenizer.decode(toks), "token_ids": toks, "stats": llm.stats.as_dict()}
         typer.echo(json.dumps(out))
         return
-    for delta in llm.stream(ids, params):
-        sys.stdout.write(delta)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
+    _print(llm.stream(ids, params))
     if verbose:
         from freetoken_cli.stats import print_stats
         print_stats(llm.stats)
+
+
+def _print(deltas) -> None:
+    for delta in deltas:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
 
 
 def _messages(system: Optional[str], text: str) -> list[dict]:

@@ -16,13 +16,17 @@ from freetoken_cli.common import (Budget, Chunk, Context, Device, Elastic, Model
                                   fail, user_errors)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# the address and key options also tell `run` where to find a server (freetoken_cli.client)
+Host = typer.Option("127.0.0.1", envvar="FREETOKEN_HOST", help="address to listen on (loopback by default)")
+Port = typer.Option(8000, envvar="FREETOKEN_PORT", help="port to listen on")
+ApiKey = typer.Option(None, envvar="FREETOKEN_API_KEY", help="require this key (Authorization: Bearer or x-api-key)")
 
 
 @user_errors
 def serve(model: Optional[str] = ModelArg,
-          host: str = typer.Option("127.0.0.1", help="address to listen on (loopback by default)"),
-          port: int = typer.Option(8000, help="port to listen on"),
-          api_key: Optional[str] = typer.Option(None, help="require this key (Authorization: Bearer or x-api-key)"),
+          host: str = Host,
+          port: int = Port,
+          api_key: Optional[str] = ApiKey,
           served_model_name: Optional[str] = typer.Option(None, help="model name clients send (default: MODEL)"),
           max_running: int = typer.Option(4, min=1, help="requests decoded together (they share one KV pool of "
                                                          "--max-context tokens)"),

@@ -34,6 +34,19 @@ def _private_cache(tmp_path_factory):
     os.environ["FREETOKEN_CACHE"] = str(tmp_path_factory.mktemp("cache"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_server():
+    """`run` looks for a `freetoken serve` where FREETOKEN_HOST/PORT say: a free port, so that a
+    server someone runs on the default port never answers the tests."""
+    import os
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ["FREETOKEN_PORT"] = str(s.getsockname()[1])
+    for name in ("FREETOKEN_HOST", "FREETOKEN_API_KEY"):
+        os.environ.pop(name, None)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

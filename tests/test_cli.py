@@ -2,9 +2,12 @@
 --json, and one-line errors with a non-zero exit code for every mistake a user can make."""
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -84,6 +87,57 @@ def test_piped_stdin_prints_only_the_answer(tiny_hf):
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() and "hit rate" not in r.stdout  # stats go to stderr
     assert "hit rate" in r.stderr and "decode" in r.stderr
+
+
+@contextmanager
+def serving(model: Path, **options):
+    """A live `freetoken serve` of MODEL on a free loopback port: (its Server, the port)."""
+    import uvicorn
+
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+    from engine.server.app import create_app
+    app = create_app(lambda progress: LLM(EngineConfig(model=str(model), device="cpu"), progress), "tiny", **options)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    state, deadline = app.state.server, time.time() + 300
+    while state.batcher is None and state.error is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert state.batcher is not None and server.started, state.error
+    try:
+        yield state, port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_run_through_a_running_server_gives_the_in_process_tokens(tiny_hf, monkeypatch, capsys):
+    from freetoken_cli.client import find_server
+    with serving(tiny_hf, reasoning_parser="think") as (server, port):
+        monkeypatch.setenv("FREETOKEN_PORT", str(port))
+        totals = server.batcher.llm.scheduler.totals
+        for args in (["--system", "Be brief."], ["--raw"]):
+            cmd = ["run", tiny_hf, "-p", "def f(x):", "--max-tokens", 8, "--ignore-eos", "--device", "cpu", *args]
+            before = totals["decode_tokens"]
+            remote, local = cli(*cmd), cli(*cmd, "--no-server")
+            assert remote.exit_code == local.exit_code == 0, remote.output + local.output
+            assert remote.stdout == local.stdout and remote.stdout.strip() and remote.stderr == ""
+            assert totals["decode_tokens"] == before + 7  # the server answered (the first token is prefill's)
+        assert find_server(str(DEMO)) is None  # another model: `run` loads its own, saying so in one line
+        assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_run_loads_the_model_when_no_server_answers(tiny_hf):
+    from freetoken_cli.client import find_server
+    t0 = time.perf_counter()
+    assert find_server(str(tiny_hf)) is None  # nothing listens on FREETOKEN_PORT (conftest)
+    assert time.perf_counter() - t0 < 0.2
+    r = cli("run", tiny_hf, "-p", "x = ", "--raw", "--max-tokens", 2, "--device", "cpu")
+    assert r.exit_code == 0 and r.stdout.strip() and r.stderr == "", r.output
 
 
 def test_bad_input_gives_one_line_errors(tiny_hf, tmp_path):

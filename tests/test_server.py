@@ -123,6 +123,8 @@ def test_loading_then_ok(live):
 
 def test_models(oai, ant):
     assert [m.id for m in oai.models.list()] == [MODEL]
+    card = oai.models.list().data[0].model_dump()
+    assert card["source"] == str(DEMO) and (Path(card["root"]) / "ftw.json").exists()  # what `run` matches by
     assert [m.id for m in ant.models.list()] == [MODEL]
     assert oai.models.retrieve(MODEL).id == MODEL
 
@@ -167,6 +169,9 @@ def test_sampling_options(oai):
     args = dict(model=MODEL, messages=USER, max_completion_tokens=3, temperature=1.5, top_p=0.9)
     a, b = (oai.chat.completions.create(**args, seed=11) for _ in range(2))
     assert a.choices[0].message.content == b.choices[0].message.content and a.usage.completion_tokens <= 3
+    past_eos = oai.completions.create(model=MODEL, prompt="x", max_tokens=5, temperature=0,
+                                      extra_body={"ignore_eos": True})  # vLLM's extension
+    assert past_eos.usage.completion_tokens == 5
 
 
 def test_responses(live, oai):
@@ -299,6 +304,9 @@ def test_reasoning_chat(oai):
     reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
     assert reasoning.strip() == "Hm."
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "4."
+    kept = oai.chat.completions.create(model=MODEL, messages=USER, extra_headers=force(THINK),
+                                       extra_body={"separate_reasoning": False})  # SGLang's extension
+    assert kept.choices[0].message.content == THINK
 
 
 def test_reasoning_responses(oai):

@@ -90,16 +90,19 @@ def _add_common_routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/v1/models")
     def models(s: Server = Depends(get_server)) -> dict:
-        card = _model_card(s.options.model_name)
+        card = _model_card(s)
         return {"object": "list", "data": [card], "has_more": False, "first_id": card["id"], "last_id": card["id"]}
 
     @app.get("/v1/models/{name:path}")
     def model(name: str, s: Server = Depends(get_server)) -> dict:
         s.check_model(name)
-        return _model_card(name)
+        return _model_card(s)
 
 
-def _model_card(name: str) -> dict:
-    # one card that both SDKs read: OpenAI's Model and Anthropic's ModelInfo
+def _model_card(s: Server) -> dict:
+    # one card that both SDKs read: OpenAI's Model and Anthropic's ModelInfo; source (MODEL as
+    # `engine.resolve.model_key` names it) and root (the FTW directory, as vLLM's card has it)
+    # let `freetoken run` tell whether this is the model it was asked for
+    name, llm = s.options.model_name, s.batcher.llm
     return {"id": name, "object": "model", "created": 0, "owned_by": "freetoken", "type": "model",
-            "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+            "display_name": name, "created_at": "1970-01-01T00:00:00Z", "source": llm.source, "root": str(llm.path)}

@@ -62,13 +62,14 @@ class Sampling(m.Body):
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    ignore_eos: bool | None = None  # vLLM's extension: generate past end-of-sequence
     n: int = 1
 
     def sampling(self) -> dict:
         if self.n != 1:
             raise m.APIError(400, "only n = 1 is supported", param="n")
         return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                    top_k=self.top_k, seed=self.seed, stop=self.stop)
+                    top_k=self.top_k, seed=self.seed, stop=self.stop, ignore_eos=self.ignore_eos)
 
 
 class ChatRequest(Sampling):
@@ -79,6 +80,7 @@ class ChatRequest(Sampling):
     response_format: dict | None = None
     max_completion_tokens: int | None = None
     chat_template_kwargs: dict | None = None
+    separate_reasoning: bool = True  # SGLang's extension: false leaves the reasoning in the content, tags and all
 
 
 class CompletionRequest(Sampling):
@@ -107,7 +109,8 @@ async def chat(body: ChatRequest, request: Request, s: Server = Depends(get_serv
     sampling = {**body.sampling(), "max_tokens": body.max_completion_tokens or body.max_tokens}
     output = OutputSpec(openai_format(body.response_format, "response_format"),
                         tools if mode == "required" else [], body.parallel_tool_calls and name is None)
-    job = s.job(request, ids, body.model, enabled, output=output, **sampling)
+    job = s.job(request, ids, body.model, enabled, output=output, separate_reasoning=body.separate_reasoning,
+                **sampling)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return EventStream(encode(ChatStream(job, include_usage), events(s.batcher, job)))

@@ -112,13 +112,15 @@ class Server:
 
     def job(self, request: Request, ids: list[int], model: str | None, tools: bool, *,
             max_tokens: int | None = None, stop: str | list[str] | None = None, parse: bool = True,
-            output: OutputSpec = OutputSpec(), **sampling) -> Job:
+            separate_reasoning: bool = True, output: OutputSpec = OutputSpec(), **sampling) -> Job:
         """Check the prompt, build sampling parameters (answer limit, grammar for `output`, forced
-        output) and a fresh parser. The answer ends at the client's max_tokens, the server's
+        output) and a fresh parser (none with parse=False; without the reasoning parser with
+        separate_reasoning=False). The answer ends at the client's max_tokens, the server's
         --max-output-tokens or the end of the context, whichever comes first."""
         self.check_model(model)
         llm, cap = self.batcher.llm, self.options.max_output_tokens
         tool, reasoning = self.parsers if parse else (None, None)
+        reasoning = reasoning if separate_reasoning else None
         starts = bool(reasoning) and opens_reasoning(self.tokenizer.decode(ids[-8:], skip_special=False))
         try:
             llm.check_prompt(ids)
