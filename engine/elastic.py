@@ -44,10 +44,10 @@ def resize_experts(runner, budget: int, max_running: int) -> None:
     old, graphs, err = c.tables, runner.graphs is not None, None
     release_graphs(runner)
     try:
-        c.resize(slots)
+        c.resize(slots, least=store.n_experts)
     except torch.cuda.OutOfMemoryError:
-        err = UserError(f"the device has no room for {size_text(slots * slot)} of experts; kept "
-                        f"{size_text(c.nbytes)}. Free device memory or ask for less")
+        err = UserError(f"the device has no room for {size_text(slots * slot)} of experts; the cache "
+                        f"holds {size_text(c.nbytes)}. Free device memory or ask for less")
     if graphs:
         capture_graphs(runner, max_running)
     if c.nbytes >= store.nbytes:

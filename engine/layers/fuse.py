@@ -19,6 +19,9 @@ def fused(fn):
         if not x.is_cuda:
             return fn(x, *args)
         if compiled is None:
+            # one compiled variant per (dtype, rank, constant such as eps) in use: a process that
+            # loads several models (a bench, the test suite) needs more than Dynamo's default 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             compiled = torch.compile(fn, dynamic=True, fullgraph=True)
         return compiled(x, *args)
     return call

@@ -77,10 +77,11 @@ class ExpertCache:
         self.tables: ResidencyTables = (DeviceTables(n_slots, n_flat, self.n_experts, self.device)
                                         if self.device_tables else HostTables(n_slots, n_flat, self.n_layers))
 
-    def resize(self, n_slots: int) -> None:
+    def resize(self, n_slots: int, least: int = 1) -> None:
         """Replace the pool and tables by empty ones of n_slots, freeing the old pool first so the
-        device never holds both (keep `tables` beforehand for adopt()). Out of device memory:
-        empty ones of the old size, and the error raised."""
+        device never holds both (keep `tables` beforehand for adopt()). Another program may take
+        the freed memory meanwhile: then the largest size that fits, down to `least` slots (the
+        old size at most; keep the device's state consistent), and the error raised."""
         before = self.n_slots
         self.pool = self.w = None
         if self.device.type == "cuda":
@@ -88,7 +89,17 @@ class ExpertCache:
         try:
             self._allocate(n_slots)
         except torch.cuda.OutOfMemoryError:
-            self._allocate(before)
+            fits = (torch.cuda.mem_get_info(self.device)[0] // self.layout.slot_bytes - 1
+                    if self.device.type == "cuda" else before)
+            for n in dict.fromkeys((min(before, fits), *(before >> k for k in range(1, 64)))):
+                if least <= n <= before:
+                    try:
+                        self._allocate(n)
+                        break
+                    except torch.cuda.OutOfMemoryError:
+                        continue
+            else:
+                self._allocate(least)  # the floor; out of memory even there is the caller's error
             raise
 
     def adopt(self, old: ResidencyTables, rows: torch.Tensor) -> None:
