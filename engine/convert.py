@@ -4,6 +4,7 @@ stored per expert or fused, are packed into one [E, slot_bytes] bank in the runt
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from pathlib import Path
 from typing import Callable
@@ -11,7 +12,7 @@ from typing import Callable
 import torch
 
 from engine.errors import UserError
-from engine.models import arch_module, canonical_name, model_config, read_hf_config
+from engine.models import arch_module, canonical_name, model_config, read_hf_config, skipped
 from engine.models.base import DTYPES, ModelConfig
 from engine.moe.layout import SlotLayout
 from engine.moe.store import bank_name
@@ -34,6 +35,7 @@ class Source:
         if not files:
             raise UserError(f"{model_dir} has no *.safetensors files; only safetensors checkpoints are supported")
         self.where: dict[str, tuple] = {}
+        unused = 0
         for f in files:
             try:
                 h = safe_open(str(f), framework="pt")
@@ -41,7 +43,13 @@ class Source:
             except Exception as e:  # safetensors raises its own error types for corrupt headers
                 raise UserError(f"{f} is not a readable safetensors file ({e}); re-download it") from None
             for k in keys:
+                if skipped(model_type, k):
+                    unused += 1
+                    continue
                 self.where[canonical_name(model_type, k)] = (h, k, f)
+        if unused:
+            logging.getLogger("freetoken.convert").warning(
+                "skipping %d tensors this engine does not run (vision tower, multi-token prediction)", unused)
         self.files = files
 
     def get(self, name: str) -> torch.Tensor:

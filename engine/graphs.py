@@ -11,11 +11,14 @@ from engine.kv.batch import ForwardBatch
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv, max_pages: int, sizes=range(1, 9)):
+    def __init__(self, model, kv, max_pages: int, sizes=range(1, 9), states=None):
         dev, n = kv.k.device, max(sizes)
-        self.model, self.kv, self.max_pages = model, kv, max_pages
+        self.model, self.kv, self.max_pages, self.states = model, kv, max_pages, states
         self.page = kv.alloc(1)[0]  # scratch page for the capture's dummy tokens
         i64 = dict(dtype=torch.int64, device=dev)
+        # hybrid models: recurrent-state slots, a scratch slot for the capture
+        self.state_scratch = states.alloc() if states else -1
+        self.state_slots = torch.full((n,), self.state_scratch, **i64) if states else None
         self.ids, self.pos = torch.zeros(n, **i64), torch.zeros(n, **i64)
         self.slots = torch.full((n,), self.page * kv.page_size, **i64)
         self.table = torch.full((n, max_pages), self.page, dtype=torch.int32, device=dev)
@@ -44,9 +47,16 @@ class DecodeGraphs:
             gc.enable()
 
     def _forward(self, b: int) -> torch.Tensor:
+        slots = self.state_slots[:b] if self.states else None
         batch = ForwardBatch(self.ids[:b], self.pos[:b], [1] * b, [1] * b, self.ctx[:b], self.table[:b],
-                             self.slots[:b], self.rows[:b])
+                             self.slots[:b], self.rows[:b], slots)
         return self.model(batch, self.kv)
+
+    def release(self) -> None:
+        """Give back the scratch page (and state slot) before the graphs are dropped."""
+        self.kv.release([self.page])
+        if self.states:
+            self.states.release(self.state_scratch)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor | None:
         """Replay the graph of this decode batch; None when no graph fits it."""
@@ -58,6 +68,8 @@ class DecodeGraphs:
         self.slots[:b].copy_(batch.slots)
         self.ctx[:b].copy_(batch.ctx_lens_t)
         self.table[:b, :width].copy_(batch.page_table)
+        if self.states:
+            self.state_slots[:b].copy_(batch.state_slots)
         self.graphs[b].replay()
         self.replays += 1
         return self.out[b]

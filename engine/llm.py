@@ -8,6 +8,8 @@ from typing import Callable, Iterator
 
 from engine.config import EngineConfig, SamplingParams
 from engine.errors import UserError
+from engine.kv.anchors import Anchors
+from engine.kv.checkpoints import HybridPrefixCache
 from engine.loader import load_runner
 from engine.moe.cache import CacheStats
 from engine.resolve import ensure_ftw
@@ -54,7 +56,8 @@ class LLM:
             self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say))
         self.tokenizer = Tokenizer(path)
         r = self.runner
-        self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk)
+        self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk,
+                                   anchors=Anchors.from_tokenizer(self.tokenizer.tok))
         self.stats = GenStats()
 
     @property
@@ -74,7 +77,8 @@ class LLM:
                 "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
                 "prefix_cached_pages": self.scheduler.prefix.pages if self.scheduler.prefix else 0,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                "graph_steps": self.runner.graphs.replays if self.runner.graphs else 0}
+                "graph_steps": self.runner.graphs.replays if self.runner.graphs else 0,
+                **(self.scheduler.prefix.stats() if isinstance(self.scheduler.prefix, HybridPrefixCache) else {})}
 
     def check_prompt(self, ids: list[int]) -> None:
         if not ids:

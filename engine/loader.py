@@ -11,6 +11,7 @@ import torch
 from engine.config import EngineConfig
 from engine.errors import UserError
 from engine.kv.paged import KVPool
+from engine.kv.state import StatePool
 from engine.layers.rope import Rope
 from engine.models import model_config
 from engine.models.base import DTYPES, ModelConfig
@@ -119,9 +120,13 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     layout = store.layout
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context * config.max_running
-    kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
-                cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    kv = KVPool(len(cfg.attention_layer_ids), -(-kv_tokens // config.page_size) + config.max_running,
+                config.page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
+    if cfg.linear_layer_ids:  # one slot per running sequence and one for the graphs' capture
+        runner.states = StatePool(cfg, config.max_running + 1, config.state_checkpoints, dtype, device)
+        for layer in model.linear_layers():
+            layer.states = runner.states
     rebuild_experts(runner, store, config)
     runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
     return runner
@@ -159,7 +164,7 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     untouched; the old cache is freed first."""
     cfg, layout, old = runner.cfg, store.layout, runner.runtime
     if runner.graphs is not None:
-        runner.kv.release([runner.graphs.page])
+        runner.graphs.release()
     if old is not None:
         old.close()
         old.cache.pool = old.cache.w = None  # free device memory before allocating the new pool
@@ -185,7 +190,7 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
         if runner.device.type == "cuda":
             from engine.graphs import DecodeGraphs
             runner.graphs = DecodeGraphs(runner.model, runner.kv, -(-runner.max_context // runner.kv.page_size),
-                                         range(1, config.max_running + 1))
+                                         range(1, config.max_running + 1), runner.states)
             cache.tables.clear()  # the warm-up steps ran on dummy tokens: start from an empty cache
             runtime.device_ctl.stats.zero_()
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:

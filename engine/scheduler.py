@@ -1,6 +1,8 @@
 """Requests and steps: each step decodes every running sequence by one token and, when a
 prompt is waiting, adds one prefill chunk of it to the same batch (chunked prefill), so a long
-prompt never freezes other streams."""
+prompt never freezes other streams. Hybrid models also hold a recurrent-state slot per running
+sequence and checkpoint it at semantic anchors (engine.kv.anchors, engine.kv.checkpoints): the
+last PROMPT_ANCHORS anchors of each prompt's new part, and every anchor of the output."""
 from __future__ import annotations
 
 import itertools
@@ -11,11 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import SamplingParams
+from engine.kv.anchors import Anchors
 from engine.kv.batch import ForwardBatch
+from engine.kv.checkpoints import HybridPrefixCache
 from engine.kv.radix import RadixCache
 from engine.sampling import generator, sample_row
 
 _ids = itertools.count()
+PROMPT_ANCHORS = 4
 
 
 @dataclass
@@ -26,6 +31,8 @@ class Sequence:
     n_cached: int = 0                    # tokens whose KV is written
     cached: int = 0                      # prompt tokens reused from the prefix cache
     pages: list[int] = field(default_factory=list)
+    state: int = -1                      # recurrent-state slot (hybrid models)
+    anchors: list[int] = field(default_factory=list)  # prompt positions to checkpoint
     finish: str | None = None            # stop | length | abort | error
     error: Exception | None = None
     id: int = field(default_factory=lambda: next(_ids))
@@ -45,10 +52,12 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, runner, eos_ids: set[int], max_running: int, prefill_chunk: int,
-                 prefix_cache: bool = True):
-        self.runner, self.kv, self.eos = runner, runner.kv, eos_ids
+                 prefix_cache: bool = True, anchors: Anchors | None = None):
+        self.runner, self.kv, self.eos, self.states = runner, runner.kv, eos_ids, runner.states
         self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, runner.max_context
-        self.prefix = RadixCache(self.kv) if prefix_cache else None
+        self.prefix = None if not prefix_cache else \
+            HybridPrefixCache(self.kv, self.states) if self.states else RadixCache(self.kv)
+        self.anchors = anchors if self.states and self.prefix and self.states.n_saved else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0)
@@ -69,9 +78,22 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
             seq = self.waiting.popleft()
-            seq.pages = self.prefix.match(seq.tokens) if self.prefix else []
-            seq.n_cached = seq.cached = len(seq.pages) * self.kv.page_size
+            if self.states:
+                seq.state = self.states.alloc()
+            seq.pages, seq.n_cached = self._reuse(seq)
+            seq.cached = seq.n_cached
+            if self.anchors:
+                seq.anchors = self.anchors.positions(seq.tokens, seq.n_cached, seq.n_prompt - 1)[-PROMPT_ANCHORS:]
             self.running.append(seq)
+
+    def _reuse(self, seq: Sequence) -> tuple[list[int], int]:
+        """KV pages of the cached prefix and its length; hybrid models restore a state checkpoint."""
+        if self.prefix is None:
+            return [], 0
+        if self.states:
+            return self.prefix.restore(seq.tokens, seq.state)
+        pages = self.prefix.match(seq.tokens)
+        return pages, len(pages) * self.kv.page_size
 
     def _plan(self) -> list[tuple[Sequence, int]]:
         """(sequence, tokens to feed) for this step: all decodes plus one prefill chunk."""
@@ -97,9 +119,15 @@ class Scheduler:
         t0 = time.perf_counter()
         for s, n in plan:
             self._reserve(s, n)
+        inside, ends = self._snapshots(plan)
         batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.pages) for s, n in plan],
-                                   self.kv.page_size, self.runner.device)
+                                   self.kv.page_size, self.runner.device,
+                                   states=[s.state for s, _ in plan] if self.states else None, snapshots=inside)
         logits = self.runner.forward(batch, self.kv)
+        for (s, p, slot) in ends:
+            self.states.save(s.state, slot)
+        for (s, p, slot) in ends + [(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside]:
+            self.prefix.attach(s.tokens[:p], s.pages, slot)
         out = []
         for (s, n), row in zip(plan, logits):
             s.n_cached += n
@@ -108,9 +136,28 @@ class Scheduler:
                 tok = forced[len(s.output)] if len(s.output) < len(forced) else sample_row(row, s.params, s.gen)
                 s.tokens.append(tok)
                 out.append((s, tok))
+                if self.anchors and self.anchors.at(s.tokens, s.n_cached):
+                    self._checkpoint(s)
                 self._check_finish(s, tok)
         self._account(plan, time.perf_counter() - t0)
         return out
+
+    def _snapshots(self, plan: list[tuple[Sequence, int]]):
+        """Prompt anchors this step reaches: (row, offset, slot) inside a sequence's new tokens,
+        saved by the linear layers, and (sequence, position, slot) at their end, saved after."""
+        inside, ends = [], []
+        for row, (s, n) in enumerate(plan):
+            while s.anchors and s.anchors[0] <= s.n_cached + n:
+                p = s.anchors.pop(0)
+                if p > s.n_cached and (slot := self.prefix.take()) is not None:
+                    (inside.append((row, p - s.n_cached, slot)) if p < s.n_cached + n else ends.append((s, p, slot)))
+        return tuple(inside), ends
+
+    def _checkpoint(self, s: Sequence) -> None:
+        """Checkpoint the state after s.tokens[:n_cached] (an anchor of the output)."""
+        if (slot := self.prefix.take()) is not None:
+            self.states.save(s.state, slot)
+            self.prefix.attach(s.tokens[:s.n_cached], s.pages, slot)
 
     def _account(self, plan: list[tuple[Sequence, int]], seconds: float) -> None:
         tot, chunk = self.totals, sum(n for _, n in plan if n > 1)
@@ -137,3 +184,6 @@ class Scheduler:
             self.prefix.insert(s.tokens[:s.n_cached], s.pages)
         self.kv.release(s.pages)
         s.pages = []
+        if s.state >= 0:
+            self.states.release(s.state)
+            s.state = -1

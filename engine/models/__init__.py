@@ -1,5 +1,6 @@
-"""Architecture registry: one module per HF `model_type`, each exposing `config(hf) -> ModelConfig`
-and `RENAMES` (regex renames from checkpoint names to the canonical names the engine uses)."""
+"""Architecture registry: one module per HF `model_type`, each exposing `config(hf) -> ModelConfig`,
+`RENAMES` (regex renames from checkpoint names to the canonical names the engine uses) and
+optionally `SKIP` (a regex of checkpoint tensors the engine does not use, e.g. a vision tower)."""
 from __future__ import annotations
 
 import importlib
@@ -11,10 +12,12 @@ from types import ModuleType
 from engine.errors import UserError
 from engine.models.base import ModelConfig
 
-ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_next", "qwen3_5_moe")
+ALIASES = {"qwen3_5_moe_text": "qwen3_5_moe"}  # the text-only class of the same architecture
 
 
 def arch_module(model_type: str | None) -> ModuleType:
+    model_type = ALIASES.get(model_type, model_type)
     if model_type not in ARCHS:
         raise UserError(f"model_type {model_type!r} is not supported; supported: {', '.join(ARCHS)}")
     return importlib.import_module(f"engine.models.{model_type}")
@@ -36,6 +39,12 @@ def model_config(hf: dict) -> ModelConfig:
         method = hf["quantization_config"].get("quant_method", "?")
         raise UserError(f"quantized checkpoints ({method}) are not supported yet; use the bf16 release")
     return arch_module(hf.get("model_type")).config(hf)
+
+
+def skipped(model_type: str, name: str) -> bool:
+    """Whether the checkpoint tensor `name` belongs to a part the engine does not run."""
+    pattern = getattr(arch_module(model_type), "SKIP", None)
+    return bool(pattern and re.search(pattern, name))
 
 
 def canonical_name(model_type: str, name: str) -> str:

@@ -26,6 +26,17 @@ class RouterSpec:
 
 
 @dataclass(frozen=True)
+class LinearAttnSpec:
+    """Gated DeltaNet (linear attention) layers of hybrid models, in HF's field names."""
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int                    # linear_conv_kernel_dim
+    fused_qkvz: bool = False            # Qwen3-Next: in_proj_qkvz / in_proj_ba, grouped by key head
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_type: str
     vocab_size: int
@@ -52,10 +63,24 @@ class ModelConfig:
     shared_expert_gate: bool = False    # sigmoid gate on the shared expert
     dtype: str = "bfloat16"
     extra: dict = field(default_factory=dict)
+    layer_types: tuple[str, ...] = ()   # per layer: full_attention | linear_attention; () = all full
+    linear_attn: LinearAttnSpec | None = None
+    attn_output_gate: bool = False      # sigmoid gate on the attention output (q_proj holds it)
+    norm_zero_centered: bool = False    # RMSNorms scale by (1 + w), w stored around 0
 
     @property
     def moe_layer_ids(self) -> list[int]:
         return [i for i, m in enumerate(self.moe_layers) if m]
+
+    @property
+    def linear_layer_ids(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    @property
+    def attention_layer_ids(self) -> list[int]:
+        """Layers with softmax attention, the only ones with KV pages."""
+        linear = set(self.linear_layer_ids)
+        return [i for i in range(self.num_layers) if i not in linear]
 
 
 def rope_params(hf: dict) -> dict:
