@@ -49,6 +49,8 @@ Threads = typer.Option(None, help="CPU expert threads (default: physical cores)"
 Context = typer.Option(32768, help="context length in tokens")
 Chunk = typer.Option("auto", help="tokens per prefill chunk (auto: as many as free device memory holds)")
 NoGraph = typer.Option(False, "--no-graph", help="eager decode (no CUDA graphs, host-side expert control)")
+Checkpoints = typer.Option(16, min=0, help="hybrid models (Qwen3-Next, Qwen3.5): recurrent-state checkpoints "
+                           "kept at anchors for prefix reuse (LRU; 0 = off)")
 
 
 class Progress:

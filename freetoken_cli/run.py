@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import Budget, Chunk, Context, Device, ModelArg, NoGraph, Policy, Threads, Progress, engine_config, user_errors
+from freetoken_cli.common import Budget, Checkpoints, Chunk, Context, Device, ModelArg, NoGraph, Policy, Threads, Progress, engine_config, user_errors
 
 
 @user_errors
@@ -29,6 +29,7 @@ def run(model: Optional[str] = ModelArg,
         max_context: int = Context,
         no_graph: bool = NoGraph,
         prefill_chunk: str = Chunk,
+        state_checkpoints: int = Checkpoints,
         record_trace: Optional[Path] = typer.Option(None, help="save the routed expert ids (.npy) for bench --routing trace:FILE"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="print stats to stderr")):
@@ -41,7 +42,7 @@ def run(model: Optional[str] = ModelArg,
                             seed=seed, ignore_eos=ignore_eos)
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context,
                         no_graph or record_trace is not None,  # recording reads ids on the host
-                        prefill_chunk=prefill_chunk)
+                        prefill_chunk=prefill_chunk, state_checkpoints=state_checkpoints)
     bar = Progress(quiet=as_json)
     try:
         llm = LLM(cfg, bar, say=lambda m: typer.echo(m, err=True) if verbose else None)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import Budget, Chunk, Context, Device, ModelArg, NoGraph, Policy, Threads, engine_config, fail, user_errors
+from freetoken_cli.common import Budget, Checkpoints, Chunk, Context, Device, ModelArg, NoGraph, Policy, Threads, engine_config, fail, user_errors
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -30,6 +30,7 @@ def serve(model: Optional[str] = ModelArg,
           max_context: int = Context,
           no_graph: bool = NoGraph,
           prefill_chunk: str = Chunk,
+          state_checkpoints: int = Checkpoints,
           log_level: str = typer.Option("info", help="uvicorn log level")):
     """Serve MODEL to agents: /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages."""
     import uvicorn
@@ -37,7 +38,7 @@ def serve(model: Optional[str] = ModelArg,
     from engine.llm import LLM
     from engine.server.app import create_app
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context, no_graph,
-                        max_running=max_running, prefill_chunk=prefill_chunk)
+                        max_running=max_running, prefill_chunk=prefill_chunk, state_checkpoints=state_checkpoints)
     if host not in LOOPBACK and not api_key:
         typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
     failed: list[str] = []
