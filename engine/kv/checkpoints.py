@@ -89,6 +89,16 @@ class HybridPrefixCache(RadixCache):
         self.restored += 1
         return pages, n
 
+    def evict(self, n: int) -> int:
+        """Tree leaves first; when they are not enough, checkpoints too (each pins a tail page)."""
+        freed = super().evict(n)
+        while freed < n and self.lru:
+            free = len(self.kv.free)
+            self._drop(next(iter(self.lru.values())))
+            freed += len(self.kv.free) - free
+            freed += super().evict(n - freed)
+        return freed
+
     def dropped(self, node: Node) -> None:
         for ck in list(node.ckpts):
             self._drop(ck)
