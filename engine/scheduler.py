@@ -2,7 +2,8 @@
 prompt is waiting, adds one prefill chunk of it to the same batch (chunked prefill), so a long
 prompt never freezes other streams. Hybrid models also hold a recurrent-state slot per running
 sequence and checkpoint it at semantic anchors (engine.kv.anchors, engine.kv.checkpoints): the
-last PROMPT_ANCHORS anchors of each prompt's new part, and every anchor of the output."""
+last PROMPT_ANCHORS anchors of each prompt's new part, and the anchors of the output (each at
+least anchors.GAP tokens after the sequence's previous checkpoint)."""
 from __future__ import annotations
 
 import itertools
@@ -13,14 +14,14 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import SamplingParams
-from engine.kv.anchors import Anchors
+from engine.kv.anchors import GAP, Anchors
 from engine.kv.batch import ForwardBatch
 from engine.kv.checkpoints import HybridPrefixCache
 from engine.kv.radix import RadixCache
 from engine.sampling import generator, sample_row
 
 _ids = itertools.count()
-PROMPT_ANCHORS = 4
+PROMPT_ANCHORS = 8
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Sequence:
     pages: list[int] = field(default_factory=list)
     state: int = -1                      # recurrent-state slot (hybrid models)
     anchors: list[int] = field(default_factory=list)  # prompt positions to checkpoint
+    checkpointed: int = 0                # the position of the last checkpoint taken
     finish: str | None = None            # stop | length | abort | error
     error: Exception | None = None
     id: int = field(default_factory=lambda: next(_ids))
@@ -81,7 +83,7 @@ class Scheduler:
             if self.states:
                 seq.state = self.states.alloc()
             seq.pages, seq.n_cached = self._reuse(seq)
-            seq.cached = seq.n_cached
+            seq.cached = seq.checkpointed = seq.n_cached
             if self.anchors:
                 seq.anchors = self.anchors.positions(seq.tokens, seq.n_cached, seq.n_prompt - 1)[-PROMPT_ANCHORS:]
             self.running.append(seq)
@@ -126,8 +128,9 @@ class Scheduler:
         logits = self.runner.forward(batch, self.kv)
         for (s, p, slot) in ends:
             self.states.save(s.state, slot)
-        for (s, p, slot) in ends + [(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside]:
+        for (s, p, slot) in [(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside] + ends:
             self.prefix.attach(s.tokens[:p], s.pages, slot)
+            s.checkpointed = max(s.checkpointed, p)
         out = []
         for (s, n), row in zip(plan, logits):
             s.n_cached += n
@@ -136,7 +139,7 @@ class Scheduler:
                 tok = forced[len(s.output)] if len(s.output) < len(forced) else sample_row(row, s.params, s.gen)
                 s.tokens.append(tok)
                 out.append((s, tok))
-                if self.anchors and self.anchors.at(s.tokens, s.n_cached):
+                if self.anchors and self.anchors.at(s.tokens, s.n_cached) and s.n_cached - s.checkpointed >= GAP:
                     self._checkpoint(s)
                 self._check_finish(s, tok)
         self._account(plan, time.perf_counter() - t0)
@@ -158,6 +161,7 @@ class Scheduler:
         if (slot := self.prefix.take()) is not None:
             self.states.save(s.state, slot)
             self.prefix.attach(s.tokens[:s.n_cached], s.pages, slot)
+            s.checkpointed = s.n_cached
 
     def _account(self, plan: list[tuple[Sequence, int]], seconds: float) -> None:
         tot, chunk = self.totals, sum(n for _, n in plan if n > 1)

@@ -1,4 +1,5 @@
-"""`freetoken bench decode|prefill`: measured throughput beside the physical bound."""
+"""`freetoken bench decode|prefill|agent`: measured throughput beside the physical bound, and an
+agent session's time to first token with reuse on and off."""
 from __future__ import annotations
 
 import json
@@ -10,14 +11,16 @@ import typer
 
 from freetoken_cli.common import ModelArg, Progress, engine_config, user_errors
 
-Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, tiny")
+Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, "
+                                     "qwen3.5-35b-a3b, tiny, tiny-hybrid")
 Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
 Threads = typer.Option(None, help="CPU expert threads")
 Device = typer.Option("auto", help="cuda | cpu | auto")
 Json = typer.Option(False, "--json", help="print rows as JSON")
 Out = typer.Option(None, help="also write the rows and profile as JSON to this file")
 
-app = typer.Typer(help="Benchmarks: decode throughput per miss policy (and prefill TTFT).", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks: decode throughput per miss policy, prefill TTFT, agent sessions.",
+                  no_args_is_help=True)
 
 
 @app.command("decode")
@@ -114,6 +117,52 @@ def prefill(model: Optional[str] = ModelArg,
         t.add_row(r["mode"], r["prompt"], str(r["tokens"]), f"{r['ttft_s']:.3f}", f"{r['bound_s']:.3f}",
                   f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}")
     Console(width=max(150, Console().width)).print(t)
+
+
+@app.command("agent")
+@user_errors
+def agent(model: Optional[str] = ModelArg,
+          synthetic: Optional[str] = Synthetic,
+          layers: Optional[int] = Layers,
+          expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB"),
+          cpu_threads: Optional[int] = Threads,
+          system_tokens: int = typer.Option(2000, help="tokens of the session's system prompt"),
+          queries: int = typer.Option(2, help="user queries"),
+          steps: int = typer.Option(3, help="tool calls per query"),
+          response_tokens: int = typer.Option(300, help="tokens of each tool response"),
+          state_checkpoints: int = typer.Option(16, min=0, help="hybrid models: checkpoint pool size"),
+          prefill_chunk: str = typer.Option("auto", help="tokens per prefill chunk"),
+          device: str = Device,
+          as_json: bool = Json,
+          out: Optional[Path] = Out):
+    """An agent session, turn by turn: TTFT and reused tokens with reuse on and off (hybrid models:
+    state checkpoints; others: the prefix cache)."""
+    from engine.bench.agent import Shape, run
+    shape = Shape(system=system_tokens, queries=queries, steps=steps, response=response_tokens)
+    cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, 32768, prefill_chunk=prefill_chunk,
+                        state_checkpoints=state_checkpoints)
+    runner = _load(cfg, model, synthetic, layers)
+    rows: list[dict] = []
+
+    def say(r: dict) -> None:
+        typer.echo(f"turn {r['turn']}: {r['prompt_tokens']} tokens, TTFT {r['ttft_on_s']:.3f} s "
+                   f"(reused {r['reused_on']}) vs {r['ttft_off_s']:.3f} s (reused {r['reused_off']})", err=True)
+        rows.append(r)
+        if out:
+            out.write_text(json.dumps({"rows": rows}, indent=1))
+    run(runner, shape, say)
+    if as_json:
+        typer.echo(json.dumps({"rows": rows}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"agent session: {runner.cfg.num_layers} layers, reuse = {rows[0]['reuse']}")
+    for col in ("turn", "prompt tokens", "reused (on)", "TTFT on s", "reused (off)", "TTFT off s", "off / on"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["turn"]), str(r["prompt_tokens"]), str(r["reused_on"]), f"{r['ttft_on_s']:.3f}",
+                  str(r["reused_off"]), f"{r['ttft_off_s']:.3f}", f"{r['ttft_off_s'] / r['ttft_on_s']:.2f}x")
+    Console(width=max(120, Console().width)).print(t)
 
 
 def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int]):

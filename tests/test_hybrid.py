@@ -85,7 +85,7 @@ def agent(tiny_model, request):
     system, user = turn(11, 40, 1), turn(12, 13, 2)
     head = [IM_START, 13, NL]
     prompt = system + user + head
-    think, answer, call = [THINK] + words(21, 3) + [END_THINK], words(6, 4), [CALL] + words(9, 5) + [END_CALL]
+    think, answer, call = [THINK] + words(21, 3) + [END_THINK], words(10, 4), [CALL] + words(9, 5) + [END_CALL]
     out = think + answer + call + [IM_END]
     first = run(sched, prompt, len(out), out)
     assert first.output == out
@@ -107,10 +107,12 @@ def test_restore_after_each_kind_of_edit(agent):
     # the history resent as it was, plus a tool response: resume after the tool call's end
     kept = base + t["think"] + t["answer"] + t["call"]
     check_edit(sched, kept + [IM_END] + resp, len(kept))
-    # earlier thinking dropped (Claude Code, Qwen templates): resume where the output started
-    check_edit(sched, base + t["answer"] + t["call"] + [IM_END] + resp, len(base))
-    # the assistant turn rewritten from its header on: resume before it (the end of the user turn)
-    check_edit(sched, base[:-3] + [IM_START, 15, NL] + t["answer"] + resp, len(base) - 3)
+    # earlier thinking dropped (Claude Code, Qwen templates): resume at the end of the user's turn
+    # (before its <|im_end|>: the anchors after it, up to <think>, are too close to need their own)
+    user_end = len(t["system"] + t["user"]) - 2
+    check_edit(sched, base + t["answer"] + t["call"] + [IM_END] + resp, user_end)
+    # the assistant turn rewritten from its header on: the same
+    check_edit(sched, base[:-3] + [IM_START, 15, NL] + t["answer"] + resp, user_end)
     # the tool call rewritten: resume where it started (the anchor before <tool_call>)
     before_call = base + t["think"] + t["answer"]
     check_edit(sched, before_call + [CALL] + words(9, 7) + [END_CALL, IM_END] + resp, len(before_call))
@@ -122,7 +124,7 @@ def test_scheduler_reports_restored_tokens_and_matches_a_fresh_prefill(agent):
     sched, t = agent
     prompt = t["system"] + t["user"] + t["head"] + t["answer"] + t["call"] + [IM_END, NL] + turn(12, 5, 8) + t["head"]
     second = run(sched, prompt, 8)
-    assert second.cached == len(t["system"] + t["user"] + t["head"])  # where turn 1's output started
+    assert second.cached == len(t["system"] + t["user"]) - 2       # the end of turn 1's user message
     fresh = Scheduler(sched.runner, set(), 1, 32, prefix_cache=False)
     assert run(fresh, prompt, 8).output == second.output
     stats = sched.prefix.stats()
@@ -132,16 +134,16 @@ def test_scheduler_reports_restored_tokens_and_matches_a_fresh_prefill(agent):
 def test_pool_is_bounded_and_evicts_least_recently_used(tiny_model):
     e = load(tiny_model("qwen3_next")[2], kv_tokens=1024, state_checkpoints=2)
     sched = Scheduler(e, set(), 1, 32, anchors=ANCHORS)
-    a = turn(11, 20, 1) + turn(12, 7, 2) + [IM_START, 13, NL]           # anchors at 22, 24, 33, 35
+    a = turn(11, 20, 1) + turn(12, 20, 2) + turn(12, 20, 4) + [IM_START, 13, NL]   # anchors 22, 46, 70
     run(sched, a, 1, [30])
-    assert len(sched.prefix.lru) == 2 and not sched.prefix.free_slots  # the deepest two kept
-    assert restored_logits(sched, a[:34])[1] == 33 and restored_logits(sched, a + [5])[1] == 35
+    assert len(sched.prefix.lru) == 2 and not sched.prefix.free_slots          # the deepest two kept
+    assert restored_logits(sched, a[:30])[1] == 0 and restored_logits(sched, a[:60])[1] == 46
     used = e.kv.used
-    b = turn(11, 20, 3) + [IM_START, 13, NL]                           # another conversation: 22, 24
+    b = turn(11, 20, 3) + turn(12, 20, 5) + [IM_START, 13, NL]                  # another conversation: 22, 46
     run(sched, b, 1, [30])
     assert len(sched.prefix.lru) == 2
-    assert restored_logits(sched, a + [5])[1] == 0                      # a's were least recently used
-    assert restored_logits(sched, b + [5])[1] == 24
-    sched.prefix.evict(10**6)                                           # dropping the tree drops its checkpoints
+    assert restored_logits(sched, a + [5])[1] == 0                              # a's were least recently used
+    assert restored_logits(sched, b + [5])[1] == 46
+    sched.prefix.evict(10**6)                                                   # dropping the tree drops its checkpoints
     assert not sched.prefix.lru and len(sched.prefix.free_slots) == 2
-    assert used > 0 and e.kv.used == 0                                  # and releases their tail pages
+    assert used > 0 and e.kv.used == 0                                          # and releases their tail pages

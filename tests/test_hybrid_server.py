@@ -1,6 +1,6 @@
 """A hybrid model (tiny Qwen3.5 MoE with the demo tokenizer and a template that renders earlier
 thinking) behind `freetoken serve`: in each API, turn 2 resends turn 1 with its thinking edited;
-the state checkpoint where turn 1's answer started is restored and reported as cached tokens."""
+the state checkpoint at the end of turn 1's user message is restored and reported as cached tokens."""
 from __future__ import annotations
 
 import shutil
@@ -53,9 +53,10 @@ def live(tmp_path_factory):
 
 
 def anchor(live, question: str) -> int:
-    """Turn 1's prompt: its answer opens with <think>, so its state there is checkpointed, and
-    an edit of the thinking restores it."""
-    return len(live.tokenizer.chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]))
+    """The end of turn 1's user message (before its <|im_end|>), the checkpoint an edit of the
+    thinking after it restores."""
+    return len(live.tokenizer.chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                                   add_generation_prompt=False)) - 2
 
 
 def test_chat_completions_edited_thinking(live):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GAP = 8  # anchors closer than this to the previous one are skipped (one checkpoint serves both)
 OPENERS = ("<|im_start|>", "<|im_end|>", "<think>", "<tool_call>", "<tool_response>")  # anchor before
 CLOSERS = ("</think>", "</tool_call>", "</tool_response>")                              # anchor after
 
@@ -27,5 +28,9 @@ class Anchors:
         return (p < len(tokens) and tokens[p] in self.open) or (p > 0 and tokens[p - 1] in self.close)
 
     def positions(self, tokens: list[int], lo: int, hi: int) -> list[int]:
-        """Anchors p with lo < p <= hi."""
-        return [p for p in range(lo + 1, hi + 1) if self.at(tokens, p)]
+        """Anchors p with lo < p <= hi, each at least GAP after the one before."""
+        out: list[int] = []
+        for p in range(lo + 1, hi + 1):
+            if self.at(tokens, p) and p - (out[-1] if out else lo) >= GAP:
+                out.append(p)
+        return out

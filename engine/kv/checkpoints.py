@@ -58,25 +58,17 @@ class HybridPrefixCache(RadixCache):
     def restore(self, tokens: list[int], slot: int) -> tuple[list[int], int]:
         """Restore the deepest checkpoint `tokens` continues into live state `slot` (at least one
         token left to compute) -> (KV pages for its prefix, referenced for the caller, its length)."""
-        ps, node, path, best = self.kv.page_size, self.root, [], None
-        while True:
-            d = len(path)
-            for ck in node.ckpts:
-                n = d * ps + len(ck.tail)
-                if n < len(tokens) and tuple(tokens[d * ps:n]) == ck.tail and (best is None or n > best[1]):
-                    best = (ck, n, list(path))
-            key = tuple(tokens[d * ps:(d + 1) * ps])
-            if len(key) < ps or key not in node.children:
-                break
-            node = node.children[key]
-            path.append(node)
-        if best is None:
+        found = self._continued(tokens)
+        if not found:
             return [], 0
-        ck, n, path = best
+        # every checkpoint on the prompt's path stays: the deepest non-restored go first, then the
+        # shallow ones, which later edits of the history need (an older turn's thinking dropped)
+        for ck, _, _ in found[1:] + found[:1]:
+            self.lru.move_to_end(ck.slot)
+        ck, n, path = found[0]
         now = next(self.clock)
         for nd in path:
             nd.last = now
-        self.lru.move_to_end(ck.slot)
         pages = [nd.page for nd in path]
         self.kv.share(pages)
         if ck.tail:
@@ -88,6 +80,22 @@ class HybridPrefixCache(RadixCache):
         self.hit_tokens += n
         self.restored += 1
         return pages, n
+
+    def _continued(self, tokens: list[int]) -> list[tuple[Checkpoint, int, list[Node]]]:
+        """The checkpoints `tokens` continues (leaving a token), deepest first: (checkpoint, its
+        length, the tree nodes of its full pages)."""
+        ps, node, path, found = self.kv.page_size, self.root, [], []
+        while True:
+            d = len(path)
+            for ck in node.ckpts:
+                n = d * ps + len(ck.tail)
+                if n < len(tokens) and tuple(tokens[d * ps:n]) == ck.tail:
+                    found.append((ck, n, list(path)))
+            key = tuple(tokens[d * ps:(d + 1) * ps])
+            if len(key) < ps or key not in node.children:
+                return sorted(found, key=lambda f: -f[1])
+            node = node.children[key]
+            path.append(node)
 
     def evict(self, n: int) -> int:
         """Tree leaves first; when they are not enough, checkpoints too (each pins a tail page)."""
