@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
-# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step.
+# torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | hybrid.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 # PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
@@ -55,6 +55,17 @@ prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 20
   # the compute floor: the same 16k prompt with every expert resident
   ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 60GiB --lengths 16384 --mode routed \
     --follow-up 0 --out "$out/prefill_resident.json" > "$out/prefill_resident.txt" 2>&1; cat "$out/prefill_resident.txt" ;;
+hybrid)  # issue 24: hybrid parity on CUDA, an agent session with state checkpoints on and off, decode and 16k prefill
+  hy="--synthetic qwen3.5-35b-a3b --cpu-threads 8 --expert-budget 8GiB"
+  python3 -c "import kernels.linear_attn as k; print('flash-linear-attention:', k._fla() is not None)" > "$out/hybrid_env.txt" 2>&1
+  timeout -s ABRT 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_linear_attention.py \
+    tests/test_hybrid.py tests/test_parity.py -k "linear or hybrid or qwen3_next or qwen3_5" > "$out/hybrid_tests.txt" 2>&1
+  tail -5 "$out/hybrid_tests.txt"
+  timeout -s ABRT 400 python3 -m freetoken_cli.main bench agent $hy --out "$out/agent.json" > "$out/agent.txt" 2>&1; cat "$out/agent.txt"
+  timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode $hy --tokens 32 --repeats 3 --moe-policy adaptive,fetch,cpu \
+    --routing model --out "$out/hybrid_decode.json" > "$out/hybrid_decode.txt" 2>&1; tail -8 "$out/hybrid_decode.txt"
+  timeout -s ABRT 300 python3 -m freetoken_cli.main bench prefill $hy --lengths 16384 --mode adaptive --follow-up 200 \
+    --out "$out/hybrid_prefill.json" > "$out/hybrid_prefill.txt" 2>&1; cat "$out/hybrid_prefill.txt" ;;
 step)  # where one decode step's GPU time goes, 12 layers, per policy
   python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
   python3 -m engine.bench.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;

@@ -159,9 +159,8 @@ def causal_conv1d(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) ->
     """Depthwise causal conv with SiLU over new inputs x [T, C], continuing from state [K-1, C]
     (the previous K-1 inputs); weight [C, K]. -> (out [T, C] in x's dtype, new state [K-1, C])."""
     xx = torch.cat((state.to(x.dtype), x))                                # [K-1+T, C]
-    win = xx.unfold(0, weight.shape[1], 1)                                # [T, C, K]
-    out = F.silu((win.float() * weight.float()).sum(-1)).to(x.dtype)
-    return out, xx[xx.shape[0] - state.shape[0]:]
+    out = F.conv1d(xx.t()[None], weight[:, None].to(x.dtype), groups=weight.shape[0])[0].t()
+    return F.silu(out), xx[xx.shape[0] - state.shape[0]:]
 
 
 def causal_conv1d_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

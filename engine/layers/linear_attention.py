@@ -89,10 +89,12 @@ class GatedDeltaNet(nn.Module):
         for i, n in enumerate(batch.q_lens):
             rows = slice(start, start + n)
             y, conv1 = ref.causal_conv1d(qkv[rows], conv0[i], conv_w)
-            xx = torch.cat((conv0[i].to(qkv.dtype), qkv[rows]))         # conv inputs incl. the old state
             q, k, v = self._heads(y)
             s, cut = rec0[i], 0
-            for off, dst in sorted((o, d) for row, o, d in batch.snapshots if row == i) + [(n, None)]:
+            snaps = sorted((o, d) for row, o, d in batch.snapshots if row == i)
+            if snaps:  # the conv inputs incl. the old state: the conv state after `off` tokens
+                xx = torch.cat((conv0[i].to(qkv.dtype), qkv[rows]))
+            for off, dst in snaps + [(n, None)]:
                 o, s = linear_attn.chunked(q[cut:off], k[cut:off], v[cut:off], g[rows][cut:off],
                                            beta[rows][cut:off], s)
                 outs.append(o)
