@@ -126,11 +126,7 @@ class Scheduler:
                                    self.kv.page_size, self.runner.device,
                                    states=[s.state for s, _ in plan] if self.states else None, snapshots=inside)
         logits = self.runner.forward(batch, self.kv)
-        for (s, p, slot) in ends:
-            self.states.save(s.state, slot)
-        for (s, p, slot) in [(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside] + ends:
-            self.prefix.attach(s.tokens[:p], s.pages, slot)
-            s.checkpointed = max(s.checkpointed, p)
+        self._attach([(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside], ends)
         out = []
         for (s, n), row in zip(plan, logits):
             s.n_cached += n
@@ -152,9 +148,22 @@ class Scheduler:
         for row, (s, n) in enumerate(plan):
             while s.anchors and s.anchors[0] <= s.n_cached + n:
                 p = s.anchors.pop(0)
-                if p > s.n_cached and (slot := self.prefix.take()) is not None:
-                    (inside.append((row, p - s.n_cached, slot)) if p < s.n_cached + n else ends.append((s, p, slot)))
+                if p <= s.n_cached or (slot := self.prefix.take()) is None:
+                    continue
+                if p < s.n_cached + n:
+                    inside.append((row, p - s.n_cached, slot))
+                else:
+                    ends.append((s, p, slot))
         return tuple(inside), ends
+
+    def _attach(self, saved: list[tuple[Sequence, int, int]], ends: list[tuple[Sequence, int, int]]) -> None:
+        """After the forward: save the states at the chunks' ends, then hang every checkpoint of
+        this step (sequence, position, slot) in the prefix tree."""
+        for s, _, slot in ends:
+            self.states.save(s.state, slot)
+        for s, p, slot in saved + ends:
+            self.prefix.attach(s.tokens[:p], s.pages, slot)
+            s.checkpointed = max(s.checkpointed, p)
 
     def _checkpoint(self, s: Sequence) -> None:
         """Checkpoint the state after s.tokens[:n_cached] (an anchor of the output)."""

@@ -74,7 +74,7 @@ class GatedDeltaNet(nn.Module):
         else:
             o, conv1, rec1 = self._sequences(qkv, g, beta, conv0, rec0, conv_w, batch)
         conv_pool.index_copy_(0, slots, conv1.to(conv_pool.dtype))
-        rec_pool.index_copy_(0, slots, rec1)
+        rec_pool.index_copy_(0, slots, rec1.to(rec_pool.dtype))
         o = gated_rms_norm(o.reshape(-1, self.dv), z.reshape(-1, self.dv), self.norm.weight, self.eps)
         return self.out_proj(o.reshape(T, -1))
 
