@@ -1,4 +1,4 @@
-"""Hybrid models (Qwen3-Next, Qwen3.5 MoE): the expert-memory policies at a one-layer budget,
+"""Hybrid models (Qwen3-Next, Qwen3.5 MoE): every miss policy at full and one-layer budgets,
 batched decode, and the recurrent-state checkpoints of the prefix cache: a request after a
 context edit restores the deepest checkpoint its prompt continues and gets the logits of a full
 re-prefill; the pool's bound and LRU eviction."""
@@ -26,16 +26,18 @@ def turn(role_seed, n, seed):
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "device-control"])
+@pytest.mark.parametrize("layers", [3, 1], ids=["full-budget", "one-layer-budget"])
 @pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5_moe"])
-def test_one_layer_budget_every_policy_same_tokens(tiny_model, arch, graph):
+def test_every_policy_gives_the_tokens_of_transformers(tiny_model, arch, layers, graph):
     ref, _, ftw = tiny_model(arch)
     ids = words(24, 3)
     with torch.no_grad():
         want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None,
                             pad_token_id=0)[0, len(ids):].tolist()
     slot_bytes = load(ftw).runtime.store.layout.slot_bytes
+    moe_layers = len(load(ftw).cfg.moe_layer_ids)
     for policy in POLICIES:
-        e = load(ftw, expert_budget=8 * slot_bytes, moe_policy=policy, graph=graph)  # one layer's experts
+        e = load(ftw, expert_budget=8 * min(layers, moe_layers) * slot_bytes, moe_policy=policy, graph=graph)
         e.runtime.qstar.start(1.0, 1.0, online=False)
         assert greedy(e, ids, 32) == want, policy
 
