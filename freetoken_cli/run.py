@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import (Budget, Chunk, Context, Device, Elastic, ModelArg, NoGraph, Policy, Progress, Threads, Verify,
-                                  check_writable, engine_config, user_errors)
+from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, Device, Elastic, ModelArg, NoGraph, Policy, Progress,
+                                  Threads, Verify, check_writable, engine_config, user_errors)
 
 
 @user_errors
@@ -32,6 +32,7 @@ def run(model: Optional[str] = ModelArg,
         prefill_chunk: str = Chunk,
         verify: bool = Verify,
         elastic: Optional[bool] = Elastic,
+        state_checkpoints: int = Checkpoints,
         record_trace: Optional[Path] = typer.Option(None, help="save the routed expert ids (.npy) for bench --routing trace:FILE"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="print stats to stderr")):
@@ -46,7 +47,8 @@ def run(model: Optional[str] = ModelArg,
                             seed=seed, ignore_eos=ignore_eos)
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context,
                         no_graph or record_trace is not None,  # recording reads ids on the host
-                        prefill_chunk=prefill_chunk, verify=verify, elastic=elastic)
+                        prefill_chunk=prefill_chunk, verify=verify, elastic=elastic,
+                        state_checkpoints=state_checkpoints)
     bar = Progress(quiet=as_json)
     try:
         llm = LLM(cfg, bar, say=lambda m: typer.echo(m, err=True) if verbose else None)
