@@ -8,11 +8,11 @@ cache gives back unused pages first; then the most recently admitted sequences a
 their pages go to the prefix cache and they wait at the head of the queue, to resume (mostly
 from that cache) when there is room. The oldest sequence always fits, so every request ends.
 
-Hybrid models also hold a recurrent-state slot per running sequence (a preempted one gives it
-back and prefills again from its deepest checkpoint) and checkpoint it at semantic anchors
-(engine.kv.anchors, engine.kv.checkpoints): the last PROMPT_ANCHORS anchors of each prompt's new
-part, and the anchors of the output (each at least anchors.GAP tokens after the sequence's
-previous checkpoint).
+Hybrid models also hold a recurrent-state slot per running sequence and checkpoint it at semantic
+anchors (engine.kv.anchors, engine.kv.checkpoints): the last PROMPT_ANCHORS anchors of the part
+of a sequence it has yet to prefill, and the anchors of the output (each at least anchors.GAP
+tokens after the sequence's previous checkpoint). A preempted sequence gives its slot back and
+is checkpointed where it stopped, to resume from there.
 
 Between two steps is a safe point: work that changes what a step runs on (resizing the expert
 cache) waits for it, from any thread."""
@@ -46,7 +46,7 @@ class Sequence:
     cached: int = 0                      # prompt tokens reused from the prefix cache
     pages: list[int] = field(default_factory=list)
     state: int = -1                      # recurrent-state slot (hybrid models)
-    anchors: list[int] = field(default_factory=list)  # prompt positions to checkpoint
+    anchors: list[int] = field(default_factory=list)  # positions to checkpoint while prefilling
     checkpointed: int = 0                # the position of the last checkpoint taken
     finish: str | None = None            # stop | length (max_tokens) | context (window full) | abort | error
     error: Exception | None = None
@@ -129,7 +129,7 @@ class Scheduler:
             seq.pages, seq.n_cached = self._reuse(seq)
             seq.checkpointed = seq.n_cached
             if self.anchors:
-                seq.anchors = self.anchors.positions(seq.tokens, seq.n_cached, seq.n_prompt - 1)[-PROMPT_ANCHORS:]
+                seq.anchors = self.anchors.positions(seq.tokens, seq.n_cached, len(seq.tokens) - 1)[-PROMPT_ANCHORS:]
             if not seq.admitted:
                 seq.cached, seq.admitted = seq.n_cached, True
                 if seq.params.grammar and seq.constraint is None:
@@ -177,6 +177,8 @@ class Scheduler:
 
     def _preempt(self, s: Sequence) -> None:
         self.running.remove(s)
+        if self.states and self.prefix and s.n_cached > s.checkpointed:
+            self._checkpoint(s)  # its state where it stopped, which no KV page can give back
         self._donate(s)
         s.n_cached = 0
         self.waiting.appendleft(s)
@@ -249,7 +251,8 @@ class Scheduler:
             s.checkpointed = max(s.checkpointed, p)
 
     def _checkpoint(self, s: Sequence) -> None:
-        """Checkpoint the state after s.tokens[:n_cached] (an anchor of the output)."""
+        """Checkpoint the state after s.tokens[:n_cached] (an anchor of the output, or where a
+        preempted sequence stopped)."""
         if (slot := self.prefix.take()) is not None:
             self.states.save(s.state, slot)
             self.prefix.attach(s.tokens[:s.n_cached], s.pages, slot)

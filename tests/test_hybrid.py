@@ -1,7 +1,7 @@
 """Hybrid models (Qwen3-Next, Qwen3.5 MoE): every miss policy at full and one-layer budgets,
 batched decode, and the recurrent-state checkpoints of the prefix cache: a request after a
 context edit restores the deepest checkpoint its prompt continues and gets the logits of a full
-re-prefill; the pool's bound and LRU eviction."""
+re-prefill; the pool's bound and LRU eviction; preemption on the shared KV pool."""
 import pytest
 import torch
 from conftest import greedy, load, prefill_logits
@@ -62,6 +62,25 @@ def test_batched_decode_equals_one_at_a_time(tiny_model):
         sched.step()
     assert [s.output for s in seqs] == solo
     assert len(e.states.free) == 4  # every slot back
+
+
+@pytest.mark.parametrize("checkpoints", [16, 0], ids=["resume-from-checkpoint", "re-prefill"])
+def test_preempted_sequences_resume_with_their_state(tiny_model, checkpoints):
+    """Three requests that together need more KV than the shared pool holds: the newest are
+    preempted, give their state slot back and resume from a checkpoint taken where they stopped
+    (without a checkpoint pool: by prefilling again); each answer equals its run alone."""
+    e = load(tiny_model("qwen3_next")[2], kv_tokens=128, max_running=3, state_checkpoints=checkpoints)
+    prompts = [words(45, s) for s in (7, 8, 9)]
+    alone = [run(Scheduler(e, set(), 1, 32, prefix_cache=False), p, 40).output for p in prompts]
+    sched = Scheduler(e, set(), 3, 32)
+    seqs = [Sequence(list(p), SamplingParams(max_tokens=40)) for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    while not all(s.finish for s in seqs):
+        sched.step()
+    assert [s.output for s in seqs] == alone
+    assert sched.totals["preempted"] > 0 and len(e.states.free) == 4   # every slot back
+    assert (sched.prefix.restored > 0) == bool(checkpoints)
 
 
 def restored_logits(sched, tokens):

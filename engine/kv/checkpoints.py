@@ -107,6 +107,11 @@ class HybridPrefixCache(RadixCache):
             freed += super().evict(n - freed)
         return freed
 
+    def evictable(self) -> int:
+        """Pages evict could give back: the tree's, and tail pages only checkpoints hold."""
+        tails = sum(self.kv.refs[ck.tail_page] == 1 for ck in self.lru.values() if ck.tail_page >= 0)
+        return super().evictable() + tails
+
     def dropped(self, node: Node) -> None:
         for ck in list(node.ckpts):
             self._drop(ck)
