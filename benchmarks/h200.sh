@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
 # torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | depth |
-# startup | depth-run | threads-probe | threads-decode | elastic.
+# startup | depth-run | threads-probe | threads-decode | elastic | hybrid.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 # PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
@@ -83,6 +83,17 @@ depth-run)  # issue 22: `run`'s own decode tok/s after a ~16k-token prompt besid
   python3 -c "import json; s = json.load(open('$out/run16k.json'))['stats']; print('run:', s['prompt_tokens'], 'prompt tokens,', round(s['decode_tok_s'], 1), 'decode tok/s')"
   timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode /tmp/q30b8/ftw --cpu-threads 8 --moe-policy adaptive \
     --depth "$n" --tokens 128 --out "$out/bench16k.json" > "$out/bench16k.txt" 2>&1; tail -6 "$out/bench16k.txt" ;;
+hybrid)  # issue 24: hybrid parity on CUDA, an agent session with state checkpoints on and off, decode and 16k prefill
+  hy="--synthetic qwen3.5-35b-a3b --cpu-threads 8 --expert-budget 8GiB"
+  python3 -c "import kernels.linear_attn as k; print('flash-linear-attention:', k._fla() is not None)" > "$out/hybrid_env.txt" 2>&1
+  timeout -s ABRT 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_linear_attention.py \
+    tests/test_hybrid.py tests/test_parity.py -k "linear or hybrid or qwen3_next or qwen3_5" > "$out/hybrid_tests.txt" 2>&1
+  tail -5 "$out/hybrid_tests.txt"
+  timeout -s ABRT 400 python3 -m freetoken_cli.main bench agent $hy --out "$out/agent.json" > "$out/agent.txt" 2>&1; cat "$out/agent.txt"
+  timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode $hy --tokens 32 --repeats 3 --moe-policy adaptive,fetch,cpu \
+    --routing model --out "$out/hybrid_decode.json" > "$out/hybrid_decode.txt" 2>&1; tail -8 "$out/hybrid_decode.txt"
+  timeout -s ABRT 300 python3 -m freetoken_cli.main bench prefill $hy --lengths 16384 --mode adaptive --follow-up 200 \
+    --out "$out/hybrid_prefill.json" > "$out/hybrid_prefill.txt" 2>&1; cat "$out/hybrid_prefill.txt" ;;
 step)  # where one decode step's GPU time goes, 12 layers, per policy
   python3 -m engine.bench.make_trace /tmp/trace.npy --tokens 512
   python3 -m engine.bench.step_profile trace:/tmp/trace.npy 12 2GiB > "$out/step_profile.txt" 2>&1 ;;

@@ -85,6 +85,7 @@ class EngineConfig:
     verify: bool = False                # verify FTW checksums at load
     graph: bool | None = None           # device-resident control + CUDA-graph decode; None = on CUDA
     prefill_mode: str = "adaptive"      # long prefill chunks: adaptive | stream | routed (engine.moe.prefill)
+    state_checkpoints: int = 16         # hybrid models: recurrent-state checkpoints kept at anchors (LRU)
     elastic: bool | None = None         # follow free GPU memory (engine.elastic); None = on with an auto budget
 
     def __post_init__(self):

@@ -15,7 +15,7 @@ import torch
 
 from engine.errors import UserError
 from engine.formats import QParts, Scheme, dequant_parts, fuse_gate_up, scheme_of
-from engine.models import canonical_name, dense_tensor, model_config, read_hf_config
+from engine.models import canonical_name, dense_tensor, model_config, read_hf_config, skipped
 from engine.models.base import FLOAT_NAMES, ModelConfig
 from engine.moe.layout import SlotLayout
 from engine.moe.store import bank_name
@@ -46,6 +46,7 @@ class Source:
         self.scheme = scheme
         self.raw: dict[str, tuple] = {}     # checkpoint tensor -> (handle, key, file)
         self.where: dict[str, dict] = {}    # weight -> {part: checkpoint tensor}, part None = itself
+        unused = 0
         for f in files:
             try:
                 h = safe_open(str(f), framework="pt")
@@ -53,10 +54,15 @@ class Source:
             except Exception as e:  # safetensors raises its own error types for corrupt headers
                 raise UserError(f"{f} is not a readable safetensors file ({e}); re-download it") from None
             for k in keys:
+                if skipped(model_type, k):
+                    unused += 1
+                    continue
                 name = canonical_name(model_type, k)
                 self.raw[name] = (h, k, f)
                 weight, part = scheme.split(name) if scheme else (name, None)
                 self.where.setdefault(weight, {})[part] = name
+        if unused:
+            log.warning("skipping %d tensors this engine does not run (vision tower, multi-token prediction)", unused)
         self.files = files
 
     def drop_layers_from(self, n_layers: int) -> int:

@@ -14,15 +14,19 @@ from engine.kv.batch import ForwardBatch
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv, max_pages: int, max_batch: int, counters: torch.Tensor):
-        """counters: the device counters that a capture's warm-up steps (dummy tokens) must not move."""
+    def __init__(self, model, kv, max_pages: int, max_batch: int, counters: torch.Tensor, states=None):
+        """counters: the device counters that a capture's warm-up steps (dummy tokens) must not move;
+        states: the recurrent-state pool of a hybrid model."""
         dev, n = kv.k.device, max_batch
         self.model, self.kv, self.max_pages, self.max_batch, self.counters = model, kv, max_pages, n, counters
+        self.states = states
         self.page = kv.alloc(1)[0]  # scratch page for the capture's dummy tokens
+        self.state_scratch = states.alloc() if states else -1  # and scratch state slot
         i64 = dict(dtype=torch.int64, device=dev)
         self.ids, self.pos, self.slots = (torch.empty(n, **i64) for _ in range(3))
         self.table = torch.empty((n, max_pages), dtype=torch.int32, device=dev)
         self.ctx = torch.empty(n, dtype=torch.int32, device=dev)
+        self.state_slots = torch.empty(n, **i64) if states else None
         self.rows = torch.arange(n, **i64)
         self.graphs, self.out, self.replays = {}, {}, 0
         self.seconds = {"compile": 0.0, "capture": 0.0}  # warm-up steps (torch.compile, Triton JIT), captures
@@ -68,11 +72,20 @@ class DecodeGraphs:
         self.slots.fill_(self.page * self.kv.page_size)
         self.table.fill_(self.page)
         self.ctx.fill_(1)
+        if self.states:
+            self.state_slots.fill_(self.state_scratch)
 
     def _forward(self, b: int) -> torch.Tensor:
+        slots = self.state_slots[:b] if self.states else None
         batch = ForwardBatch(self.ids[:b], self.pos[:b], [1] * b, [1] * b, self.ctx[:b], self.table[:b],
-                             self.slots[:b], self.rows[:b])
+                             self.slots[:b], self.rows[:b], slots)
         return self.model(batch, self.kv)
+
+    def release(self) -> None:
+        """Give back the scratch page (and state slot) before the graphs are dropped."""
+        self.kv.release([self.page])
+        if self.states:
+            self.states.release(self.state_scratch)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor | None:
         """Replay the graph of this decode batch (captured now on its first use); None when no
@@ -87,6 +100,8 @@ class DecodeGraphs:
         self.slots[:b].copy_(batch.slots)
         self.ctx[:b].copy_(batch.ctx_lens_t)
         self.table[:b, :width].copy_(batch.page_table)
+        if self.states:
+            self.state_slots[:b].copy_(batch.state_slots)
         self.graphs[b].replay()
         self.replays += 1
         return self.out[b]

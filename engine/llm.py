@@ -10,6 +10,8 @@ from engine.config import EngineConfig, SamplingParams
 from engine.constrain import Grammars
 from engine.elastic import check_elastic, elastic_experts
 from engine.errors import UserError
+from engine.kv.anchors import Anchors
+from engine.kv.checkpoints import HybridPrefixCache
 from engine.loader import load_runner, pick_device
 from engine.moe.cache import CacheStats
 from engine.resolve import ensure_ftw, model_key
@@ -61,7 +63,7 @@ class LLM:
         r = self.runner
         self.grammars = Grammars(self.tokenizer.tok, self.tokenizer.eos_ids)
         self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk,
-                                   grammars=self.grammars)
+                                   grammars=self.grammars, anchors=Anchors.from_tokenizer(self.tokenizer.tok))
         self.elastic = elastic_experts(r, self.scheduler, config)  # the expert budget while serving
         self.stats = GenStats()
 
@@ -82,7 +84,8 @@ class LLM:
                 "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
                 "prefix_cached_pages": self.scheduler.prefix.pages if self.scheduler.prefix else 0,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                "graph_steps": self.runner.graphs.replays if self.runner.graphs else 0}
+                "graph_steps": self.runner.graphs.replays if self.runner.graphs else 0,
+                **(self.scheduler.prefix.stats() if isinstance(self.scheduler.prefix, HybridPrefixCache) else {})}
 
     def check_prompt(self, ids: list[int]) -> None:
         if not ids:

@@ -12,6 +12,7 @@ import torch
 from engine.config import EngineConfig, persist_compile_caches
 from engine.errors import UserError
 from engine.kv.paged import KVPool
+from engine.kv.state import StatePool
 from engine.layers.rope import Rope
 from engine.models import model_config
 from engine.models.base import ModelConfig
@@ -143,9 +144,13 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     persist_compile_caches()  # before the graph warm-up compiles anything
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context
-    kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
-                *cfg.kv_row, dtype, device, values=cfg.mla is None)
+    kv = KVPool(len(cfg.attention_layer_ids), -(-kv_tokens // config.page_size) + config.max_running,
+                config.page_size, *cfg.kv_row, dtype, device, values=cfg.mla is None)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
+    if cfg.linear_layer_ids:  # one slot per running sequence and one for the graphs' capture
+        runner.states = StatePool(cfg, config.max_running + 1, config.state_checkpoints, dtype, device)
+        for layer in model.linear_layers():
+            layer.states = runner.states
     clock.mark("kv")
     rebuild_experts(runner, store, config)
     runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
@@ -230,14 +235,14 @@ def capture_graphs(runner: ModelRunner, max_running: int) -> None:
     warm-up steps run on dummy tokens, so they leave the tables empty and the counters unmoved."""
     from engine.graphs import DecodeGraphs
     runner.graphs = DecodeGraphs(runner.model, runner.kv, -(-runner.max_context // runner.kv.page_size),
-                                 max_running, runner.runtime.device_ctl.counts)
+                                 max_running, runner.runtime.device_ctl.counts, runner.states)
     runner.runtime.cache.tables.clear()
 
 
 def release_graphs(runner: ModelRunner) -> None:
-    """Drop the decode graphs (they point into the expert cache) and their scratch KV page."""
+    """Drop the decode graphs (they point into the expert cache) and their scratch KV page (and state slot)."""
     if runner.graphs is not None:
-        runner.kv.release([runner.graphs.page])
+        runner.graphs.release()
         runner.graphs = None
 
 

@@ -1,5 +1,6 @@
 """The loaded model, ready to run steps: dense weights on the device, the expert runtime (host
-store, device cache, miss policy), the paged KV pool and, on CUDA, the captured decode graphs.
+store, device cache, miss policy), the paged KV pool (and for hybrid models the recurrent-state
+pool) and, on CUDA, the captured decode graphs.
 engine.loader builds one; the scheduler calls `forward` once per step."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.kv.paged import KVPool
+from engine.kv.state import StatePool
 from engine.models.base import ModelConfig
 from engine.models.transformer import CausalLM
 from engine.moe.runtime import ExpertRuntime
@@ -26,6 +28,7 @@ class ModelRunner:
     graphs: object = None        # engine.graphs.DecodeGraphs when decode runs as CUDA graphs
     prefill_chunk: int = 2048    # tokens per prefill forward (EngineConfig's, or sized at load)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per load phase (bench startup)
+    states: StatePool | None = None  # recurrent states of hybrid models' linear-attention layers
 
     def forward(self, batch, kv) -> torch.Tensor:
         """One step: a captured graph for decode batches when one fits, else eager."""

@@ -8,6 +8,12 @@ cache gives back unused pages first; then the most recently admitted sequences a
 their pages go to the prefix cache and they wait at the head of the queue, to resume (mostly
 from that cache) when there is room. The oldest sequence always fits, so every request ends.
 
+Hybrid models also hold a recurrent-state slot per running sequence and checkpoint it at semantic
+anchors (engine.kv.anchors, engine.kv.checkpoints): the last PROMPT_ANCHORS anchors of the part
+of a sequence it has yet to prefill, and the anchors of the output (each at least anchors.GAP
+tokens after the sequence's previous checkpoint). A preempted sequence gives its slot back and
+is checkpointed where it stopped, to resume from there.
+
 Between two steps is a safe point: work that changes what a step runs on (resizing the expert
 cache) waits for it, from any thread."""
 from __future__ import annotations
@@ -21,11 +27,14 @@ from dataclasses import dataclass, field
 
 from engine.config import SamplingParams
 from engine.constrain import Constraint, Grammars
+from engine.kv.anchors import GAP, Anchors
 from engine.kv.batch import ForwardBatch
+from engine.kv.checkpoints import HybridPrefixCache
 from engine.kv.radix import RadixCache
 from engine.sampling import generator, sample_row
 
 _ids = itertools.count()
+PROMPT_ANCHORS = 8
 
 
 @dataclass
@@ -36,6 +45,9 @@ class Sequence:
     n_cached: int = 0                    # tokens whose KV is written
     cached: int = 0                      # prompt tokens reused from the prefix cache
     pages: list[int] = field(default_factory=list)
+    state: int = -1                      # recurrent-state slot (hybrid models)
+    anchors: list[int] = field(default_factory=list)  # positions to checkpoint while prefilling
+    checkpointed: int = 0                # the position of the last checkpoint taken
     finish: str | None = None            # stop | length (max_tokens) | context (window full) | abort | error
     error: Exception | None = None
     admitted: bool = False
@@ -57,10 +69,13 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, runner, eos_ids: set[int], max_running: int, prefill_chunk: int,
-                 prefix_cache: bool = True, grammars: Grammars | None = None):
+                 prefix_cache: bool = True, grammars: Grammars | None = None, anchors: Anchors | None = None):
         self.runner, self.kv, self.eos, self.grammars = runner, runner.kv, eos_ids, grammars
+        self.states = runner.states
         self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, runner.max_context
-        self.prefix = RadixCache(self.kv) if prefix_cache else None
+        self.prefix = None if not prefix_cache else \
+            HybridPrefixCache(self.kv, self.states) if self.states else RadixCache(self.kv)
+        self.anchors = anchors if self.states and self.prefix and self.states.n_saved else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0, preempted=0)
@@ -109,13 +124,26 @@ class Scheduler:
             if self.running and self._short(seq):
                 return  # wait for room rather than preempt the sequences already running
             self.waiting.popleft()
-            seq.pages = self.prefix.match(seq.tokens) if self.prefix else []
-            seq.n_cached = len(seq.pages) * self.kv.page_size
+            if self.states:
+                seq.state = self.states.alloc()
+            seq.pages, seq.n_cached = self._reuse(seq)
+            seq.checkpointed = seq.n_cached
+            if self.anchors:
+                seq.anchors = self.anchors.positions(seq.tokens, seq.n_cached, len(seq.tokens) - 1)[-PROMPT_ANCHORS:]
             if not seq.admitted:
                 seq.cached, seq.admitted = seq.n_cached, True
                 if seq.params.grammar and seq.constraint is None:
                     seq.constraint = self.grammars.matcher(seq.params.grammar)
             self.running.append(seq)
+
+    def _reuse(self, seq: Sequence) -> tuple[list[int], int]:
+        """KV pages of the cached prefix and its length; hybrid models restore a state checkpoint."""
+        if self.prefix is None:
+            return [], 0
+        if self.states:
+            return self.prefix.restore(seq.tokens, seq.state)
+        pages = self.prefix.match(seq.tokens)
+        return pages, len(pages) * self.kv.page_size
 
     def _short(self, seq: Sequence) -> bool:
         """True if the pool (with what the prefix cache could give back) lacks the pages of the
@@ -149,6 +177,8 @@ class Scheduler:
 
     def _preempt(self, s: Sequence) -> None:
         self.running.remove(s)
+        if self.states and self.prefix and s.n_cached > s.checkpointed:
+            self._checkpoint(s)  # its state where it stopped, which no KV page can give back
         self._donate(s)
         s.n_cached = 0
         self.waiting.appendleft(s)
@@ -169,9 +199,12 @@ class Scheduler:
         plan = [(s, n) for s, n in plan if s in reserved and s in self.running]
         if not plan:
             return []
+        inside, ends = self._snapshots(plan)
         batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.pages) for s, n in plan],
-                                   self.kv.page_size, self.runner.device)
+                                   self.kv.page_size, self.runner.device,
+                                   states=[s.state for s, _ in plan] if self.states else None, snapshots=inside)
         logits = self.runner.forward(batch, self.kv)
+        self._attach([(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside], ends)
         out = []
         for (s, n), row in zip(plan, logits):
             s.n_cached += n
@@ -187,9 +220,43 @@ class Scheduler:
                     s.constraint.advance(tok)
                 s.tokens.append(tok)
                 out.append((s, tok))
+                if self.anchors and self.anchors.at(s.tokens, s.n_cached) and s.n_cached - s.checkpointed >= GAP:
+                    self._checkpoint(s)
                 self._check_finish(s, tok)
         self._account(plan, time.perf_counter() - t0)
         return out
+
+    def _snapshots(self, plan: list[tuple[Sequence, int]]):
+        """Prompt anchors this step reaches: (row, offset, slot) inside a sequence's new tokens,
+        saved by the linear layers, and (sequence, position, slot) at their end, saved after."""
+        inside, ends = [], []
+        for row, (s, n) in enumerate(plan):
+            while s.anchors and s.anchors[0] <= s.n_cached + n:
+                p = s.anchors.pop(0)
+                if p <= s.n_cached or (slot := self.prefix.take()) is None:
+                    continue
+                if p < s.n_cached + n:
+                    inside.append((row, p - s.n_cached, slot))
+                else:
+                    ends.append((s, p, slot))
+        return tuple(inside), ends
+
+    def _attach(self, saved: list[tuple[Sequence, int, int]], ends: list[tuple[Sequence, int, int]]) -> None:
+        """After the forward: save the states at the chunks' ends, then hang every checkpoint of
+        this step (sequence, position, slot) in the prefix tree."""
+        for s, _, slot in ends:
+            self.states.save(s.state, slot)
+        for s, p, slot in saved + ends:
+            self.prefix.attach(s.tokens[:p], s.pages, slot)
+            s.checkpointed = max(s.checkpointed, p)
+
+    def _checkpoint(self, s: Sequence) -> None:
+        """Checkpoint the state after s.tokens[:n_cached] (an anchor of the output, or where a
+        preempted sequence stopped)."""
+        if (slot := self.prefix.take()) is not None:
+            self.states.save(s.state, slot)
+            self.prefix.attach(s.tokens[:s.n_cached], s.pages, slot)
+            s.checkpointed = s.n_cached
 
     def _account(self, plan: list[tuple[Sequence, int]], seconds: float) -> None:
         tot, chunk = self.totals, sum(n for _, n in plan if n > 1)
@@ -222,3 +289,6 @@ class Scheduler:
             self.prefix.insert(s.tokens[:s.n_cached], s.pages)
         self.kv.release(s.pages)
         s.pages = []
+        if s.state >= 0:
+            self.states.release(s.state)
+            s.state = -1

@@ -13,6 +13,8 @@ from engine.moe.layout import SlotLayout
 
 QWEN3 = dict(model_type="qwen3_moe", num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
              norm_topk_prob=True, vocab_size=151936, rope_theta=1e6, max_position_embeddings=40960)
+QWEN35 = dict(model_type="qwen3_5_moe", linear_conv_kernel_dim=4, full_attention_interval=4,
+              partial_rotary_factor=0.25, rope_theta=1e6, max_position_embeddings=40960)
 SHAPES = {
     "qwen3-30b-a3b": dict(QWEN3, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
                           moe_intermediate_size=768),
@@ -37,6 +39,16 @@ SHAPES = {
                         rms_norm_eps=1e-5, rope_theta=1e6, max_position_embeddings=131072),
     "tiny": dict(QWEN3, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32, vocab_size=512),
+    # hybrids: every fourth layer gated full attention, the others Gated DeltaNet
+    "qwen3.5-35b-a3b": dict(QWEN35, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                            num_key_value_heads=2, head_dim=256, num_experts=256, num_experts_per_tok=8,
+                            moe_intermediate_size=512, shared_expert_intermediate_size=512, vocab_size=248320,
+                            linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                            linear_value_head_dim=128),
+    "tiny-hybrid": dict(QWEN35, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32, vocab_size=512, linear_num_key_heads=2,
+                        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16),
 }
 
 
@@ -54,9 +66,14 @@ def synthetic_config(shape: str, layers: int | None = None) -> ModelConfig:
 
 
 def random_dense(model: torch.nn.Module, gen: torch.Generator) -> None:
-    """Norm weights 1, everything else N(0, 0.02): hidden states stay well scaled."""
+    """Norms scale by 1 (weight 0 for (1 + w) norms), everything else N(0, 0.02): hidden states stay
+    well scaled."""
+    centered = model.cfg.norm_zero_centered
     for name, p in model.named_parameters():
-        data = torch.ones(p.shape) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02
+        if "norm" in name:
+            data = torch.zeros(p.shape) if centered and "linear_attn.norm" not in name else torch.ones(p.shape)
+        else:
+            data = torch.randn(p.shape, generator=gen) * 0.02
         p.data.copy_(data.to(p.dtype))
 
 

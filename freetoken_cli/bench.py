@@ -1,5 +1,5 @@
-"""`freetoken bench decode|prefill|startup`: measured throughput beside the physical bound, and
-the phases of a cold start."""
+"""`freetoken bench decode|prefill|startup|agent`: measured throughput beside the physical bound,
+the phases of a cold start, and an agent session's time to first token with reuse on and off."""
 from __future__ import annotations
 
 import json
@@ -9,11 +9,12 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import Budget, Context, ModelArg, Policy, Progress, engine_config, user_errors
+from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, ModelArg, Policy, Progress, engine_config,
+                                  user_errors)
 from freetoken_cli.quality import quality
 
 Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, "
-                                        "deepseek-v3, glm-4.5-air, tiny")
+                                        "deepseek-v3, glm-4.5-air, qwen3.5-35b-a3b, tiny, tiny-hybrid")
 Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
 Quant = typer.Option(None, "--quant", help="with --synthetic: experts in int4, int8, fp8 or mxfp4 (groups of 128; mxfp4: 32)")
 Threads = typer.Option(None, help="CPU expert threads")
@@ -21,8 +22,8 @@ Device = typer.Option("auto", help="cuda | cpu | auto")
 Json = typer.Option(False, "--json", help="print rows as JSON")
 Out = typer.Option(None, help="also write the rows and profile as JSON to this file")
 
-app = typer.Typer(help="Benchmarks: decode throughput per miss policy, prefill TTFT, cold-start phases, quality "
-                       "against a reference.", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks: decode throughput per miss policy, prefill TTFT, cold-start phases, agent "
+                       "sessions, quality against a reference.", no_args_is_help=True)
 app.command("quality")(quality)
 
 
@@ -193,6 +194,52 @@ def startup(model: Optional[str] = ModelArg,
     con.print(f"torch.compile {r['torch_compile_s']:.2f} s in all; FX graph cache {r['fx_graph_cache_hit']} hits, "
               f"{r['fx_graph_cache_miss']} misses; AOTAutograd cache {r['autograd_cache_hit']} hits, "
               f"{r['autograd_cache_miss']} misses; {r['modules_compiled_from_source']} Python modules compiled from source")
+
+
+@app.command("agent")
+@user_errors
+def agent(model: Optional[str] = ModelArg,
+          synthetic: Optional[str] = Synthetic,
+          layers: Optional[int] = Layers,
+          expert_budget: str = Budget,
+          cpu_threads: Optional[int] = Threads,
+          system_tokens: int = typer.Option(2000, help="tokens of the session's system prompt"),
+          queries: int = typer.Option(2, help="user queries"),
+          steps: int = typer.Option(3, help="tool calls per query"),
+          response_tokens: int = typer.Option(300, help="tokens of each tool response"),
+          state_checkpoints: int = Checkpoints,
+          prefill_chunk: str = Chunk,
+          device: str = Device,
+          as_json: bool = Json,
+          out: Optional[Path] = Out):
+    """An agent session, turn by turn: TTFT and reused tokens with reuse on and off (hybrid models:
+    state checkpoints; others: the prefix cache)."""
+    from engine.bench.agent import Shape, run
+    shape = Shape(system=system_tokens, queries=queries, steps=steps, response=response_tokens)
+    cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, 32768, prefill_chunk=prefill_chunk,
+                        state_checkpoints=state_checkpoints)
+    runner = _load(cfg, model, synthetic, layers, None)
+    rows: list[dict] = []
+
+    def say(r: dict) -> None:
+        typer.echo(f"turn {r['turn']}: {r['prompt_tokens']} tokens, TTFT {r['ttft_on_s']:.3f} s "
+                   f"(reused {r['reused_on']}) vs {r['ttft_off_s']:.3f} s (reused {r['reused_off']})", err=True)
+        rows.append(r)
+        if out:
+            out.write_text(json.dumps({"rows": rows}, indent=1))
+    run(runner, shape, say)
+    if as_json:
+        typer.echo(json.dumps({"rows": rows}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"agent session: {runner.cfg.num_layers} layers, reuse = {rows[0]['reuse']}")
+    for col in ("turn", "prompt tokens", "reused (on)", "TTFT on s", "reused (off)", "TTFT off s", "off / on"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["turn"]), str(r["prompt_tokens"]), str(r["reused_on"]), f"{r['ttft_on_s']:.3f}",
+                  str(r["reused_off"]), f"{r['ttft_off_s']:.3f}", f"{r['ttft_off_s'] / r['ttft_on_s']:.2f}x")
+    Console(width=max(120, Console().width)).print(t)
 
 
 def _ints(text: str, option: str) -> list[int]:

@@ -67,6 +67,8 @@ NoGraph = typer.Option(False, "--no-graph", help="eager decode (no CUDA graphs, 
 Elastic = typer.Option(None, "--elastic/--no-elastic",
                        help="shrink the expert cache when other programs take GPU memory, grow it back when "
                             "they free it (default: on with --expert-budget auto)")
+Checkpoints = typer.Option(16, min=0, help="hybrid models (Qwen3-Next, Qwen3.5): recurrent-state checkpoints "
+                           "kept at anchors for prefix reuse (LRU; 0 = off)")
 
 
 class Progress:

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import (Budget, Chunk, Context, Device, Elastic, ModelArg, NoGraph, Policy, Progress, Threads, Verify,
-                                  check_writable, engine_config, user_errors)
+from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, Device, Elastic, ModelArg, NoGraph, Policy, Progress,
+                                  Threads, Verify, check_writable, engine_config, user_errors)
 
 
 @user_errors
@@ -32,6 +32,7 @@ def run(model: Optional[str] = ModelArg,
         prefill_chunk: str = Chunk,
         verify: bool = Verify,
         elastic: Optional[bool] = Elastic,
+        state_checkpoints: int = Checkpoints,
         record_trace: Optional[Path] = typer.Option(None, help="save the routed expert ids (.npy) for bench --routing trace:FILE"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
         no_server: bool = typer.Option(False, "--no-server", help="load the model here even when a "
@@ -49,7 +50,8 @@ def run(model: Optional[str] = ModelArg,
                             seed=seed, ignore_eos=ignore_eos)
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context,
                         no_graph or record_trace is not None,  # recording reads ids on the host
-                        prefill_chunk=prefill_chunk, verify=verify, elastic=elastic)
+                        prefill_chunk=prefill_chunk, verify=verify, elastic=elastic,
+                        state_checkpoints=state_checkpoints)
     if not (interactive or no_server or as_json or record_trace):  # those need the engine here
         from freetoken_cli import client
         if server := client.find_server(model):

@@ -160,3 +160,76 @@ def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch
     for v, f in zip(victims.tolist(), fetch.tolist()):
         if v >= 0:
             dst[v].copy_(src[base + f], non_blocking=True)
+
+
+# Gated DeltaNet (linear attention of Qwen3-Next / Qwen3.5). q, k are L2-normalised inside (in
+# fp32) and q scaled by Dk^-0.5; the state S [H, Dk, Dv] (fp32) decays by exp(g) per token and
+# learns with rate beta: S = exp(g) S + k (beta (v - S^T k))^T, o = S^T q.
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[..., Hk, D] -> [..., heads, D]: each key head serves heads / Hk consecutive value heads."""
+    return x if x.shape[-2] == heads else x.repeat_interleave(heads // x.shape[-2], dim=-2)
+
+
+def causal_conv1d(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv with SiLU over new inputs x [T, C], continuing from state [K-1, C]
+    (the previous K-1 inputs); weight [C, K]. -> (out [T, C] in x's dtype, new state [K-1, C])."""
+    xx = torch.cat((state.to(x.dtype), x))                                # [K-1+T, C]
+    out = F.conv1d(xx.t()[None], weight[:, None].to(x.dtype), groups=weight.shape[0])[0].t()
+    return F.silu(out), xx[xx.shape[0] - state.shape[0]:]
+
+
+def causal_conv1d_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One new input per sequence: x [B, C], state [B, K-1, C] -> (out [B, C], new state)."""
+    xx = torch.cat((state.to(x.dtype), x[:, None]), dim=1)                # [B, K, C]
+    out = F.silu((xx.float() * weight.t().float()).sum(1)).to(x.dtype)
+    return out, xx[:, 1:]
+
+
+def gated_delta_step(q, k, v, g, beta, state) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: q, k [B, Hk, Dk], v [B, H, Dv], g, beta [B, H], state [B, H, Dk, Dv]
+    (fp32) -> (o [B, H, Dv] in v's dtype, new state)."""
+    H = v.shape[1]
+    q, k = (_l2norm(_expand_heads(t, H).float()) for t in (q, k))
+    q = q * q.shape[-1] ** -0.5
+    s = state * g.float().exp()[..., None, None]
+    delta = (v.float() - (s * k[..., None]).sum(-2)) * beta.float()[..., None]
+    s = s + k[..., None] * delta[..., None, :]
+    return (s * q[..., None]).sum(-2).to(v.dtype), s
+
+
+def gated_delta_chunked(q, k, v, g, beta, state, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence at once, in chunks (the UT-transform form): q, k [T, Hk, Dk], v [T, H, Dv],
+    g, beta [T, H], state [H, Dk, Dv] (fp32) -> (o [T, H, Dv] in v's dtype, final state).
+    Equals gated_delta_step applied token by token."""
+    (T, H), dtype = v.shape[:2], v.dtype
+    q, k = (_l2norm(_expand_heads(t, H).float()).transpose(0, 1) for t in (q, k))   # [H, T, Dk]
+    q = q * q.shape[-1] ** -0.5
+    v, g, beta = v.float().transpose(0, 1), g.float().t(), beta.float().t()          # [H, T, ...]
+    pad = -T % chunk
+    q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    n = (T + pad) // chunk
+    q, k, v = (t.reshape(H, n, chunk, -1) for t in (q, k, v))
+    g, beta = g.reshape(H, n, chunk).cumsum(-1), beta.reshape(H, n, chunk)           # g: log decay so far
+    kb, vb = k * beta[..., None], v * beta[..., None]
+    future = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(future, float("-inf")).exp()  # [H, n, C, C]
+    # the chunk's own delta updates as one unit-lower-triangular system: u = M^-1 (beta v) are the
+    # values written, w = M^-1 (beta k e^g) the keys that read the state the chunk starts from
+    system = (kb @ k.transpose(-1, -2)) * decay
+    u = torch.linalg.solve_triangular(system, vb, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, kb * g.exp()[..., None], upper=False, unitriangular=True)
+    attn = (q @ k.transpose(-1, -2)) * decay
+    qg, kg = q * g.exp()[..., None], k * (g[..., -1:] - g).exp()[..., None]
+    last = g[..., -1].exp()[..., None, None]                                         # [H, n, 1, 1]
+    s, out = state.float(), torch.empty_like(v)
+    for i in range(n):
+        fresh = u[:, i] - w[:, i] @ s                                                # [H, C, Dv]
+        out[:, i] = qg[:, i] @ s + attn[:, i] @ fresh
+        s = s * last[:, i] + kg[:, i].transpose(-1, -2) @ fresh
+    return out.reshape(H, n * chunk, -1)[:, :T].transpose(0, 1).to(dtype), s

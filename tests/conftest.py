@@ -10,7 +10,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny  # noqa: E402
 
-ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "deepseek_v2", "glm4_moe"]
+ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "deepseek_v2", "glm4_moe", "qwen3_next",
+         "qwen3_5_moe"]
 
 
 def pytest_addoption(parser):
@@ -95,8 +96,11 @@ def prefill_logits(runner, ids: list[int]) -> torch.Tensor:
     """Logits of every position of `ids`, prefilled in one step (pages released after)."""
     from engine.kv.batch import ForwardBatch
     pages = runner.kv.alloc(-(-len(ids) // runner.kv.page_size))
+    states = [runner.states.alloc()] if runner.states else None
     try:
-        b = ForwardBatch.build([(ids, 0, pages)], runner.kv.page_size, runner.device, all_logits=True)
+        b = ForwardBatch.build([(ids, 0, pages)], runner.kv.page_size, runner.device, all_logits=True, states=states)
         return runner.model(b, runner.kv)
     finally:
         runner.kv.release(pages)
+        if states:
+            runner.states.release(states[0])

@@ -40,6 +40,15 @@ def hf_config(arch: str, **kw):
                                 use_qk_norm=True, attention_bias=True, n_routed_experts=8, num_experts_per_tok=2,
                                 moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
                                 n_group=2, topk_group=1, routed_scaling_factor=1.5)
+    hybrid = dict(num_experts=8, head_dim=16, shared_expert_intermediate_size=48, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                  layer_types=["linear_attention", "full_attention", "linear_attention"])
+    if arch == "qwen3_next":
+        return tf.Qwen3NextConfig(**base, **moe, **hybrid, mlp_only_layers=[2])
+    if arch == "qwen3_5_moe":  # the published layout: the vision-language wrapper
+        text = {k: v for k, v in base.items() if k != "intermediate_size"}
+        vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
+        return tf.Qwen3_5MoeConfig(text_config=dict(**text, **moe, **hybrid), vision_config=vision)
     raise ValueError(arch)
 
 
@@ -61,7 +70,11 @@ def build(arch: str, out: Path, fused: bool = False, seed: int = 0, **kw):
     torch.manual_seed(seed)
     cfg = hf_config(arch, **kw)
     cfg.eos_token_id = None
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    if arch == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeForConditionalGeneration
+        model = Qwen3_5MoeForConditionalGeneration._from_config(cfg, dtype=torch.float32).eval()
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     perturb_(model, seed)
     model.save_pretrained(out, save_original_format=not fused)
     return model

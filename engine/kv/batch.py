@@ -16,11 +16,15 @@ class ForwardBatch:
     page_table: torch.Tensor    # [B, max_pages] int32
     slots: torch.Tensor         # [T] int64 KV slot of each new token
     logit_rows: torch.Tensor    # rows of [T] whose logits are wanted
+    state_slots: torch.Tensor | None = None  # [B] int64 recurrent-state slot (hybrid models)
+    snapshots: tuple[tuple[int, int, int], ...] = ()  # (sequence, offset in its new tokens, checkpoint)
 
     @staticmethod
     def build(seqs: list[tuple[list[int], int, list[int]]], page_size: int,
-              device: torch.device, all_logits: bool = False) -> "ForwardBatch":
-        """seqs: (new token ids, tokens already in KV, page ids) per sequence."""
+              device: torch.device, all_logits: bool = False, states: list[int] | None = None,
+              snapshots: tuple[tuple[int, int, int], ...] = ()) -> "ForwardBatch":
+        """seqs: (new token ids, tokens already in KV, page ids) per sequence; states: their
+        recurrent-state slots; snapshots: where linear layers save states mid-sequence."""
         ids, pos, slots, rows, q_lens, ctx_lens = [], [], [], [], [], []
         for new, start, pages in seqs:
             n = len(new)
@@ -36,4 +40,4 @@ class ForwardBatch:
         def t(x, dt=torch.int64):
             return torch.tensor(x, dtype=dt, device=device)
         return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, torch.int32), t(table, torch.int32),
-                            t(slots), t(rows))
+                            t(slots), t(rows), None if states is None else t(states), tuple(snapshots))

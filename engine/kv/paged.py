@@ -49,6 +49,12 @@ class KVPool:
             if self.refs[p] == 0:
                 self.free.append(p)
 
+    def copy_page(self, src: int, dst: int) -> None:
+        """Page dst := page src, every layer (a shared partial page its new owner writes on)."""
+        self.k[:, dst].copy_(self.k[:, src])
+        if self.v is not None:
+            self.v[:, dst].copy_(self.v[:, src])
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor | None, slots: torch.Tensor) -> None:
         """k, v [T, Hkv, D] (v None without values) into flat token slots [T] (page * page_size + offset)."""
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)

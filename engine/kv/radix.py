@@ -11,11 +11,12 @@ from engine.kv.paged import KVPool
 
 
 class Node:
-    __slots__ = ("children", "page", "parent", "key", "last")
+    __slots__ = ("children", "page", "parent", "key", "last", "ckpts")
 
     def __init__(self, key=(), page: int = -1, parent: "Node | None" = None):
         self.children: dict[tuple, Node] = {}
         self.key, self.page, self.parent, self.last = key, page, parent, 0
+        self.ckpts: list = []  # recurrent-state checkpoints below this node (engine.kv.checkpoints)
 
 
 class RadixCache:
@@ -42,8 +43,8 @@ class RadixCache:
         self.hit_tokens += len(pages) * self.kv.page_size
         return pages
 
-    def insert(self, tokens: list[int], pages: list[int]) -> None:
-        """Donate the full pages of `tokens` (whose KV is in `pages`)."""
+    def insert(self, tokens: list[int], pages: list[int]) -> Node:
+        """Donate the full pages of `tokens` (whose KV is in `pages`); -> the node of the last one."""
         node, now = self.root, next(self.clock)
         for key, page in zip(self._keys(tokens, len(tokens) // self.kv.page_size), pages):
             child = node.children.get(key)
@@ -52,6 +53,7 @@ class RadixCache:
                 self.kv.share([page])
                 self.pages += 1
             child.last, node = now, child
+        return node
 
     def evict(self, n: int) -> int:
         """Free up to n pages from least recently used leaves nobody else references."""
@@ -62,6 +64,7 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             del parent.children[leaf.key]
+            self.dropped(leaf)
             self.kv.release([leaf.page])
             self.pages -= 1
             freed += 1
@@ -77,6 +80,9 @@ class RadixCache:
             n += self.kv.refs[node.page] == 1
             stack.extend(node.children.values())
         return n
+
+    def dropped(self, node: Node) -> None:
+        """A node leaves the tree (hybrid models drop the checkpoints it carries)."""
 
     def _leaves(self):
         stack = list(self.root.children.values())

@@ -12,38 +12,50 @@ from kernels import ref
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, centered: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
-        self.eps = eps
+        self.eps, self.centered = eps, centered  # centered: scale by (1 + weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.centered)
 
     def add(self, h: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (h + delta, its norm); delta None: (h, norm of h)."""
         if delta is None:
             return h, self(h)
-        return add_rms_norm(h, delta, self.weight, self.eps)
+        return add_rms_norm(h, delta, self.weight, self.eps, self.centered)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
+        """layer: this layer's index in the KV pool (hybrid models keep KV for attention layers only)."""
         super().__init__()
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.layer, self.hq, self.hkv, self.d = layer, hq, hkv, d
+        # gated (Qwen3-Next, Qwen3.5): q_proj holds per head d query rows, then d output-gate rows
+        self.gated = cfg.attn_output_gate
         # q_proj, k_proj and v_proj of the checkpoint as one matrix (the loader concatenates them):
         # one GEMV per decode step instead of three
-        self.qkv_proj = nn.Linear(cfg.hidden_size, (hq + 2 * hkv) * d, bias=cfg.qkv_bias)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, ((1 + self.gated) * hq + 2 * hkv) * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(hq * d, cfg.hidden_size, bias=cfg.o_bias)
         self.qk_norm, self.clip, self.window = cfg.qk_norm, cfg.clip_qkv, cfg.sliding_window
         if cfg.qk_norm != "none":
-            full = cfg.qk_norm == "full"
-            self.q_norm = RMSNorm(hq * d if full else d, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(hkv * d if full else d, cfg.rms_norm_eps)
+            full, c = cfg.qk_norm == "full", cfg.norm_zero_centered
+            self.q_norm = RMSNorm(hq * d if full else d, cfg.rms_norm_eps, c)
+            self.k_norm = RMSNorm(hkv * d if full else d, cfg.rms_norm_eps, c)
+        # the fused CUDA prologue knows neither the output gate nor (1 + w) norms
+        self.fused_prologue = not self.gated and not cfg.norm_zero_centered and cfg.qk_norm != "full" \
+            and cfg.clip_qkv is None
 
     def _qkv(self, x: torch.Tensor):
-        q, k, v = self.qkv_proj(x).split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        """-> q, k, v [T, heads, D] (normed, not rotated) and the output gate [T, Hq * D] or None."""
+        q, k, v = self.qkv_proj(x).split([(1 + self.gated) * self.hq * self.d, self.hkv * self.d,
+                                          self.hkv * self.d], dim=-1)
+        gate = None
+        if self.gated:
+            q, gate = q.view(-1, self.hq, 2 * self.d).chunk(2, dim=-1)
+            gate = gate.reshape(x.shape[0], -1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip is not None:
@@ -51,10 +63,11 @@ class Attention(nn.Module):
         q, k, v = q.view(-1, self.hq, self.d), k.view(-1, self.hkv, self.d), v.view(-1, self.hkv, self.d)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        return q, k, v
+        return q, k, v, gate
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, cos, sin) -> torch.Tensor:
-        if x.is_cuda and self.qk_norm != "full" and self.clip is None:
+        gate = None
+        if x.is_cuda and self.fused_prologue:
             from kernels.attention_triton import qkv_rope_write
             head = self.qk_norm == "head"
             q = qkv_rope_write(self.qkv_proj(x), self.q_norm.weight if head else None,
@@ -62,7 +75,7 @@ class Attention(nn.Module):
                                cos, sin, batch.slots, kv.k[self.layer].view(-1, self.hkv, self.d),
                                kv.v[self.layer].view(-1, self.hkv, self.d), self.hq)
         else:
-            q, k, v = self._qkv(x)
+            q, k, v, gate = self._qkv(x)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             kv.write(self.layer, k, v, batch.slots)
         if q.is_cuda and self.window is None and max(batch.q_lens) == 1:
@@ -72,4 +85,5 @@ class Attention(nn.Module):
         else:
             o = ref.paged_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
                                     batch.q_lens, batch.ctx_lens, self.d ** -0.5, self.window)
-        return self.o_proj(o.reshape(x.shape[0], -1))
+        o = o.reshape(x.shape[0], -1)
+        return self.o_proj(o if gate is None else o * torch.sigmoid(gate))

@@ -1,12 +1,15 @@
-"""RMSNorm in the HF convention: normalise in fp32, cast back, then scale."""
+"""RMSNorm in the HF conventions: normalise in fp32, then either cast back and scale by w (most
+models) or, zero-centered (Qwen3-Next, Qwen3.5), scale by (1 + w) in fp32 and cast back."""
 import torch
 
 from engine.layers.fuse import fused
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, centered: bool = False) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if centered:
+        return (xf * (1.0 + weight.float())).to(x.dtype)
     return weight * xf.to(x.dtype)
 
 
@@ -14,7 +17,13 @@ rms_norm = fused(_rms_norm)
 
 
 @fused
-def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, centered: bool = False):
     """The residual add and the next norm in one kernel: -> (h + delta, rms_norm(h + delta))."""
     h = h + delta
-    return h, _rms_norm(h, weight, eps)
+    return h, _rms_norm(h, weight, eps, centered)
+
+
+@fused
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The output norm of Gated DeltaNet: rms_norm(x) * silu(gate), the gate applied in fp32."""
+    return (_rms_norm(x, weight, eps) * torch.nn.functional.silu(gate.float())).to(x.dtype)

@@ -1,6 +1,7 @@
 """Architecture registry: one module per HF `model_type`, each exposing `config(hf) -> ModelConfig`,
-`RENAMES` (regex renames from checkpoint names to the canonical names the engine uses) and,
-where its checkpoint tensors need rearranging for the shared layers, `transform(cfg, name, t)`."""
+`RENAMES` (regex renames from checkpoint names to the canonical names the engine uses),
+optionally `SKIP` (a regex of checkpoint tensors the engine does not use, e.g. a vision tower)
+and, where its checkpoint tensors need rearranging for the shared layers, `transform(cfg, name, t)`."""
 from __future__ import annotations
 
 import importlib
@@ -14,10 +15,13 @@ import torch
 from engine.errors import UserError
 from engine.models.base import ModelConfig
 
-ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe")
+ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe",
+         "qwen3_next", "qwen3_5_moe")
+ALIASES = {"qwen3_5_moe_text": "qwen3_5_moe"}  # the text-only class of the same architecture
 
 
 def arch_module(model_type: str | None) -> ModuleType:
+    model_type = ALIASES.get(model_type, model_type)
     if model_type not in ARCHS:
         raise UserError(f"model_type {model_type!r} is not supported; supported: {', '.join(ARCHS)}")
     return importlib.import_module(f"engine.models.{model_type}")
@@ -36,6 +40,12 @@ def read_hf_config(model_dir: Path) -> dict:
 
 def model_config(hf: dict) -> ModelConfig:
     return arch_module(hf.get("model_type")).config(hf)
+
+
+def skipped(model_type: str, name: str) -> bool:
+    """Whether the checkpoint tensor `name` belongs to a part the engine does not run."""
+    pattern = getattr(arch_module(model_type), "SKIP", None)
+    return bool(pattern and re.search(pattern, name))
 
 
 def canonical_name(model_type: str, name: str) -> str:

@@ -41,6 +41,17 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class LinearAttnSpec:
+    """Gated DeltaNet (linear attention) layers of hybrid models, in HF's field names."""
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int                    # linear_conv_kernel_dim
+    fused_qkvz: bool = False            # Qwen3-Next: in_proj_qkvz / in_proj_ba, grouped by key head
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_type: str
     vocab_size: int
@@ -68,6 +79,10 @@ class ModelConfig:
     mla: MLASpec | None = None          # Multi-head Latent Attention instead of GQA
     dtype: str = "bfloat16"
     extra: dict = field(default_factory=dict)
+    layer_types: tuple[str, ...] = ()   # per layer: full_attention | linear_attention; () = all full
+    linear_attn: LinearAttnSpec | None = None
+    attn_output_gate: bool = False      # sigmoid gate on the attention output (q_proj holds it)
+    norm_zero_centered: bool = False    # RMSNorms scale by (1 + w), w stored around 0
 
     @property
     def moe_layer_ids(self) -> list[int]:
@@ -84,6 +99,16 @@ class ModelConfig:
         """(heads, width) of one token's cached K (and V) per layer; MLA: one latent row, no V."""
         m = self.mla
         return (1, m.kv_lora_rank + m.qk_rope_head_dim) if m else (self.num_kv_heads, self.head_dim)
+
+    @property
+    def linear_layer_ids(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    @property
+    def attention_layer_ids(self) -> list[int]:
+        """Layers with softmax attention, the only ones with KV pages."""
+        linear = set(self.linear_layer_ids)
+        return [i for i in range(self.num_layers) if i not in linear]
 
 
 def rope_params(hf: dict) -> dict:

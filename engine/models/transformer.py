@@ -7,6 +7,7 @@ from torch import nn
 
 from engine.kv.batch import ForwardBatch
 from engine.layers.attention import Attention, RMSNorm
+from engine.layers.linear_attention import GatedDeltaNet
 from engine.layers.mla import MLAttention
 from engine.layers.mlp import DenseMLP
 from engine.layers.rope import Rope
@@ -15,7 +16,9 @@ from engine.moe.block import MoEBlock
 
 
 # parameters made of several checkpoint tensors, concatenated along dim 0
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
+         "in_proj_qkvzba": ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),   # Qwen3.5
+         "in_proj_qkvz_ba": ("in_proj_qkvz", "in_proj_ba")}                          # Qwen3-Next
 # kept in float32 whatever the model's dtype, as transformers does: the correction bias ranks
 # experts by differences finer than bf16 resolves
 FP32 = (".e_score_correction_bias",)
@@ -35,18 +38,23 @@ def checkpoint_names(name: str) -> list[str]:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, moe_index: int | None):
+    def __init__(self, cfg: ModelConfig, moe_index: int | None, kv_index: int | None, linear_index: int | None):
+        """Softmax attention (GQA or MLA) over KV layer kv_index, or (hybrid models) linear attention."""
         super().__init__()
-        self.self_attn = MLAttention(cfg, layer) if cfg.mla else Attention(cfg, layer)
+        if linear_index is None:
+            self.self_attn = (MLAttention if cfg.mla else Attention)(cfg, kv_index)
+        else:
+            self.linear_attn = GatedDeltaNet(cfg, linear_index)
         self.mlp = MoEBlock(cfg, moe_index) if moe_index is not None else \
             DenseMLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
 
     def forward(self, h, delta, batch, kv, cos, sin, prefill: bool):
         """-> (the residual stream, this layer's MLP output, which the next norm adds to it)."""
         h, x = self.input_layernorm.add(h, delta)
-        h, x = self.post_attention_layernorm.add(h, self.self_attn(x, batch, kv, cos, sin))
+        mixed = self.linear_attn(x, batch) if hasattr(self, "linear_attn") else self.self_attn(x, batch, kv, cos, sin)
+        h, x = self.post_attention_layernorm.add(h, mixed)
         return h, (self.mlp(x, prefill) if isinstance(self.mlp, MoEBlock) else self.mlp(x))
 
 
@@ -54,9 +62,11 @@ class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        moe_ids = {layer: i for i, layer in enumerate(cfg.moe_layer_ids)}
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, moe_ids.get(i)) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        index = lambda ids: {layer: i for i, layer in enumerate(ids)}  # noqa: E731
+        moe, kv, linear = index(cfg.moe_layer_ids), index(cfg.attention_layer_ids), index(cfg.linear_layer_ids)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, moe.get(i), kv.get(i), linear.get(i))
+                                    for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
 
 
 class CausalLM(nn.Module):
@@ -69,6 +79,9 @@ class CausalLM(nn.Module):
 
     def moe_blocks(self) -> list[MoEBlock]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoEBlock)]
+
+    def linear_layers(self) -> list[GatedDeltaNet]:
+        return [layer.linear_attn for layer in self.model.layers if hasattr(layer, "linear_attn")]
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv) -> torch.Tensor:

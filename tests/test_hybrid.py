@@ -1,0 +1,170 @@
+"""Hybrid models (Qwen3-Next, Qwen3.5 MoE): every miss policy at full and one-layer budgets,
+batched decode, and the recurrent-state checkpoints of the prefix cache: a request after a
+context edit restores the deepest checkpoint its prompt continues and gets the logits of a full
+re-prefill; the pool's bound and LRU eviction; preemption on the shared KV pool."""
+import pytest
+import torch
+from conftest import greedy, load, prefill_logits
+from test_parity import rel_err
+
+from engine.config import SamplingParams
+from engine.kv.anchors import Anchors
+from engine.kv.batch import ForwardBatch
+from engine.scheduler import Scheduler, Sequence
+
+POLICIES = ["fetch", "cpu", "adaptive", "static:1"]
+IM_START, IM_END, THINK, END_THINK, CALL, END_CALL, RESP, END_RESP, NL = range(1, 10)
+ANCHORS = Anchors(frozenset({IM_START, IM_END, THINK, CALL, RESP}), frozenset({END_THINK, END_CALL, END_RESP}))
+
+
+def words(n, seed):
+    return torch.randint(20, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def turn(role_seed, n, seed):
+    return [IM_START, role_seed] + words(n, seed) + [IM_END, NL]
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "device-control"])
+@pytest.mark.parametrize("layers", [3, 1], ids=["full-budget", "one-layer-budget"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5_moe"])
+def test_every_policy_gives_the_tokens_of_transformers(tiny_model, arch, layers, graph):
+    ref, _, ftw = tiny_model(arch)
+    ids = words(24, 3)
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None,
+                            pad_token_id=0)[0, len(ids):].tolist()
+    slot_bytes = load(ftw).runtime.store.layout.slot_bytes
+    moe_layers = len(load(ftw).cfg.moe_layer_ids)
+    for policy in POLICIES:
+        e = load(ftw, expert_budget=8 * min(layers, moe_layers) * slot_bytes, moe_policy=policy, graph=graph)
+        e.runtime.qstar.start(1.0, 1.0, online=False)
+        assert greedy(e, ids, 32) == want, policy
+
+
+def run(sched, tokens, n=8, forced=()):
+    seq = Sequence(list(tokens), SamplingParams(max_tokens=n, forced=tuple(forced)))
+    sched.add(seq)
+    while not seq.finish:
+        sched.step()
+    return seq
+
+
+def test_batched_decode_equals_one_at_a_time(tiny_model):
+    e = load(tiny_model("qwen3_next")[2], max_running=3)
+    prompts = [words(30, 4), words(9, 5), words(45, 6)]
+    solo = [run(Scheduler(e, set(), 1, 16, prefix_cache=False), p, 12).output for p in prompts]
+    sched = Scheduler(e, set(), 3, 16, prefix_cache=False)
+    seqs = [Sequence(list(p), SamplingParams(max_tokens=12)) for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    while not all(s.finish for s in seqs):
+        sched.step()
+    assert [s.output for s in seqs] == solo
+    assert len(e.states.free) == 4  # every slot back
+
+
+@pytest.mark.parametrize("checkpoints", [16, 0], ids=["resume-from-checkpoint", "re-prefill"])
+def test_preempted_sequences_resume_with_their_state(tiny_model, checkpoints):
+    """Three requests that together need more KV than the shared pool holds: the newest are
+    preempted, give their state slot back and resume from a checkpoint taken where they stopped
+    (without a checkpoint pool: by prefilling again); each answer equals its run alone."""
+    e = load(tiny_model("qwen3_next")[2], kv_tokens=128, max_running=3, state_checkpoints=checkpoints)
+    prompts = [words(45, s) for s in (7, 8, 9)]
+    alone = [run(Scheduler(e, set(), 1, 32, prefix_cache=False), p, 40).output for p in prompts]
+    sched = Scheduler(e, set(), 3, 32)
+    seqs = [Sequence(list(p), SamplingParams(max_tokens=40)) for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    while not all(s.finish for s in seqs):
+        sched.step()
+    assert [s.output for s in seqs] == alone
+    assert sched.totals["preempted"] > 0 and len(e.states.free) == 4   # every slot back
+    assert (sched.prefix.restored > 0) == bool(checkpoints)
+
+
+def restored_logits(sched, tokens):
+    """Logits of tokens[n:] after restoring the deepest checkpoint (n tokens), as the scheduler does."""
+    e = sched.runner
+    slot = e.states.alloc()
+    pages, n = sched.prefix.restore(tokens, slot)
+    pages += e.kv.alloc(-(-len(tokens) // e.kv.page_size) - len(pages))
+    try:
+        b = ForwardBatch.build([(tokens[n:], n, pages)], e.kv.page_size, e.device, all_logits=True, states=[slot])
+        return e.model(b, e.kv), n
+    finally:
+        e.kv.release(pages)
+        e.states.release(slot)
+
+
+@pytest.fixture(params=["qwen3_next", "qwen3_5_moe"])
+def agent(tiny_model, request):
+    """A scheduler with the checkpoint cache and turn 1 of an agent conversation done: prompt,
+    then thinking, a tool call and the end of the turn (forced, so the anchors are known)."""
+    e = load(tiny_model(request.param)[2], kv_tokens=1024, max_running=2)
+    sched = Scheduler(e, set(), 2, 32, anchors=ANCHORS)
+    system, user = turn(11, 40, 1), turn(12, 13, 2)
+    head = [IM_START, 13, NL]
+    prompt = system + user + head
+    think, answer, call = [THINK] + words(21, 3) + [END_THINK], words(10, 4), [CALL] + words(9, 5) + [END_CALL]
+    out = think + answer + call + [IM_END]
+    first = run(sched, prompt, len(out), out)
+    assert first.output == out
+    return sched, dict(system=system, user=user, head=head, think=think, answer=answer, call=call)
+
+
+def check_edit(sched, tokens, want_n):
+    full = prefill_logits(sched.runner, tokens)
+    got, n = restored_logits(sched, tokens)
+    assert n == want_n
+    assert rel_err(got, full[n:]) < 1e-5
+    assert got[-1].argmax() == full[-1].argmax()
+
+
+def test_restore_after_each_kind_of_edit(agent):
+    sched, t = agent
+    base = t["system"] + t["user"] + t["head"]
+    resp = [NL, IM_START, 14, NL, RESP] + words(17, 6) + [END_RESP, IM_END, NL] + t["head"]
+    # the history resent as it was, plus a tool response: resume after the tool call's end
+    kept = base + t["think"] + t["answer"] + t["call"]
+    check_edit(sched, kept + [IM_END] + resp, len(kept))
+    # earlier thinking dropped (Claude Code, Qwen templates): resume at the end of the user's turn
+    # (before its <|im_end|>: the anchors after it, up to <think>, are too close to need their own)
+    user_end = len(t["system"] + t["user"]) - 2
+    check_edit(sched, base + t["answer"] + t["call"] + [IM_END] + resp, user_end)
+    # the assistant turn rewritten from its header on: the same
+    check_edit(sched, base[:-3] + [IM_START, 15, NL] + t["answer"] + resp, user_end)
+    # the tool call rewritten: resume where it started (the anchor before <tool_call>)
+    before_call = base + t["think"] + t["answer"]
+    check_edit(sched, before_call + [CALL] + words(9, 7) + [END_CALL, IM_END] + resp, len(before_call))
+    # the system prompt changed: nothing to restore, a full prefill
+    check_edit(sched, [IM_START, 11] + words(40, 9) + base[42:], 0)
+
+
+def test_scheduler_reports_restored_tokens_and_matches_a_fresh_prefill(agent):
+    sched, t = agent
+    prompt = t["system"] + t["user"] + t["head"] + t["answer"] + t["call"] + [IM_END, NL] + turn(12, 5, 8) + t["head"]
+    second = run(sched, prompt, 8)
+    assert second.cached == len(t["system"] + t["user"]) - 2       # the end of turn 1's user message
+    fresh = Scheduler(sched.runner, set(), 1, 32, prefix_cache=False)
+    assert run(fresh, prompt, 8).output == second.output
+    stats = sched.prefix.stats()
+    assert stats["state_checkpoints_restored"] >= 1 and stats["state_checkpoint_bytes"] > 0
+
+
+def test_pool_is_bounded_and_evicts_least_recently_used(tiny_model):
+    e = load(tiny_model("qwen3_next")[2], kv_tokens=1024, state_checkpoints=2)
+    sched = Scheduler(e, set(), 1, 32, anchors=ANCHORS)
+    a = turn(11, 20, 1) + turn(12, 20, 2) + turn(12, 20, 4) + [IM_START, 13, NL]   # anchors 22, 46, 70
+    run(sched, a, 1, [30])
+    assert len(sched.prefix.lru) == 2 and not sched.prefix.free_slots          # the deepest two kept
+    assert restored_logits(sched, a[:30])[1] == 0 and restored_logits(sched, a[:60])[1] == 46
+    used = e.kv.used
+    b = turn(11, 20, 3) + turn(12, 20, 5) + [IM_START, 13, NL]                  # another conversation: 22, 46
+    run(sched, b, 1, [30])
+    assert len(sched.prefix.lru) == 2
+    assert restored_logits(sched, a + [5])[1] == 0                              # a's were least recently used
+    assert restored_logits(sched, b + [5])[1] == 46
+    sched.prefix.evict(10**6)                                                   # dropping the tree drops its checkpoints
+    assert not sched.prefix.lru and len(sched.prefix.free_slots) == 2
+    assert used > 0 and e.kv.used == 0                                          # and releases their tail pages
