@@ -202,8 +202,8 @@ class CPUFuture:
 class CPUExecutor:
     """Persistent C++ worker pool of `threads` workers (default and at most: max_threads()).
     `backend` forces a path (tests): "torch", "scalar", "avx2_fma", "avx512" (AVX-512 F/BW:
-    quantized banks in 512-bit registers), "avx512_bf16" (also bf16 banks through the BF16 dot
-    products)."""
+    quantized banks in 512-bit registers), "avx512_bf16" (also bf16 banks, and int4 banks of
+    64-column multiple blocks, through the BF16 dot products)."""
 
     def __init__(self, threads: int | None = None, backend: str | None = None):
         self.threads = min(int(threads or max_threads()), max_threads())
@@ -226,8 +226,8 @@ class CPUExecutor:
         """cpu_moe.cpp Mode for banks w (a tensor, a QWeight, or their dtype) on this backend."""
         if self.backend == "scalar":
             return 2
-        if isinstance(w, QWeight):
-            return 3 if self.backend.startswith("avx512") else 1
+        if isinstance(w, QWeight):  # AVX512_BF16Q where the BF16 dot products are there, else AVX512
+            return {"avx512_bf16": 4, "avx512": 3}.get(self.backend, 1)
         dt = w if isinstance(w, torch.dtype) else w.dtype
         return 0 if self.backend == "avx512_bf16" and dt == torch.bfloat16 else 1  # DP_BF16: bf16 weights
 
@@ -354,7 +354,8 @@ def expert_gbps(fmt: str, threads: int | None = None, seconds: float = 1.0, bank
     gu, down = _constant_bank(fmt, n, hidden, inter, group)
     ex = CPUExecutor(threads)
     try:
-        x, out, w = torch.randn(1, hidden), torch.empty(1, hidden), torch.full((1, 8), 1 / 8)
+        # the activations of a bf16 model (int4 through the BF16 dot products reads half of them)
+        x, out, w = torch.randn(1, hidden).bfloat16().float(), torch.empty(1, hidden), torch.full((1, 8), 1 / 8)
         i, busy, t0 = 0, 0.0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             job = ex.submit(x, gu, down, (torch.arange(8) + i).remainder(n).view(1, 8), w, out)

@@ -180,10 +180,12 @@ def _down_kernel(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r,
 
 
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-# (BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B, per weight format; the
-# quantized ones chosen by the fewest SASS instructions per weight byte (sm_90, H=2048, I=768)
-BLOCKS = {"plain": (4, 1024, 8, 512), "int4": (16, 256, 32, 256), "int8": (16, 256, 32, 256),
-          "fp8": (8, 512, 32, 256), "mxfp4": (16, 256, 32, 256)}
+# ((BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B), num_warps per weight format:
+# the fastest of bench_quant's CANDIDATES at T = 1 on the H200 (H=2048, I=768, group 128, bf16 x;
+# plain: 0.4% behind it), each within 6% of the fastest at T = 8 (benchmarks/RESULTS.md, call 3)
+BLOCKS = {"plain": ((8, 512, 16, 256), 4), "int4": ((16, 256, 32, 256), 8),
+          "int8": ((16, 256, 32, 256), 8), "fp8": ((8, 1024, 16, 256), 4),
+          "mxfp4": ((16, 256, 32, 256), 8)}
 
 
 def _fmt(w: torch.Tensor | QWeight) -> str:
@@ -213,12 +215,12 @@ def _weight_args(w: torch.Tensor | QWeight, block_k: int) -> tuple[tuple, dict]:
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torch.Tensor | QWeight,
                 slots: torch.Tensor, weights: torch.Tensor, act: str = "silu",
                 blocks: tuple[int, int, int, int] | None = None, reduce: bool = True,
-                num_warps: int = 4) -> torch.Tensor:
+                num_warps: int | None = None) -> torch.Tensor:
     """x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I]: slot-strided views (inner dims
     contiguous) or QWeights of such views; slots [T, K] (-1 = elsewhere); weights [T, K] ->
     [T, H] float32 (without reduce: the weighted routes [T, K, H], for a consumer that sums
-    them itself). blocks = (BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B
-    (default: BLOCKS of the gate_up format)."""
+    them itself). blocks = (BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B and
+    num_warps (each by default: BLOCKS of the gate_up format)."""
     if act != "silu":
         raise ValueError(f"unknown expert activation {act!r}")
     T, H = x.shape
@@ -229,7 +231,9 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
     slots, weights = slots.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
     h = torch.empty(T * K, I, dtype=torch.float32, device=x.device)     # activated, per route
     y = torch.empty(T * K, H, dtype=torch.float32, device=x.device)     # weighted, per route
-    bi, bh, bo, bi2 = blocks or BLOCKS[_fmt(w_gate_up)]
+    tuned, warps = BLOCKS[_fmt(w_gate_up)]
+    bi, bh, bo, bi2 = blocks or tuned
+    num_warps = num_warps or warps
     parts, fmt = _weight_args(w_gate_up, bh)
     _gate_up_kernel[(T * K, triton.cdiv(I, bi))](
         x, *parts, slots, h, H, I, K, x.stride(0), **fmt, BLOCK_I=bi, BLOCK_H=bh,

@@ -93,13 +93,14 @@ def greedy(runner, prompt: list[int], n: int) -> list[int]:
 
 
 def prefill_logits(runner, ids: list[int]) -> torch.Tensor:
-    """Logits of every position of `ids`, prefilled in one step (pages released after)."""
+    """Logits of every position of `ids`, prefilled in one step (pages released after), on the
+    host beside the references they are compared with, whatever the engine device."""
     from engine.kv.batch import ForwardBatch
     pages = runner.kv.alloc(-(-len(ids) // runner.kv.page_size))
     states = [runner.states.alloc()] if runner.states else None
     try:
         b = ForwardBatch.build([(ids, 0, pages)], runner.kv.page_size, runner.device, all_logits=True, states=states)
-        return runner.model(b, runner.kv)
+        return runner.model(b, runner.kv).cpu()
     finally:
         runner.kv.release(pages)
         if states:

@@ -382,6 +382,23 @@ def test_quantized_forced_paths_match_reference(pools, backend, fmt, symmetric, 
     check_qparity(pools[backend], fmt, symmetric, T, K)
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("T,K", [(1, 8), (3, 2), (17, 4)])
+def test_int4_through_bf16_dot_products(ex, x_dtype, symmetric, T, K):
+    """int4 blocks of a multiple of 64 values on an AVX-512 BF16 CPU: codes and activations meet in
+    bf16 dot products, the activations as two bf16 (16 significant bits; a bf16 model's x is exact
+    in the first), so the result is ~3e-6 from the fp32 reference where the fp32 paths are ~3e-7."""
+    if ex.backend != "avx512_bf16":
+        pytest.skip("no AVX-512 BF16 here")
+    gu, down = make_qbank("int4", 192, 128, 64, symmetric)
+    x, ids, w = make_routes(T, K, torch.int64, torch.float32, 192)
+    x = x.to(x_dtype).float()
+    out = torch.full((T, 192), float("nan"))
+    ex.run(x, gu, down, ids, w, out)
+    assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < 1e-5
+
+
 @pytest.mark.parametrize("backend", ["default", "avx512", "avx2_fma", "scalar"])
 @pytest.mark.parametrize("fmt,group", [("int4", 48), ("int4", 24), ("int4", 3), ("int8", 24), ("int8", 8),
                                        ("fp8", 16), ("fp8", 24)])
@@ -394,16 +411,16 @@ def test_quantized_block_sizes(ex, pools, backend, fmt, group):
     check_qparity(e, fmt, False, 3, 2, H=96, I=48, group=group)
 
 
-@pytest.mark.parametrize("fmt,scale_dtype", [(f, d) for f in ("int4", "int8", "fp8")
-                                              for d in (torch.float32, torch.bfloat16, torch.float16)]
-                         + [("mxfp4", torch.uint8)])
-def test_quantized_scale_dtypes_and_partial_blocks(ex, pools, fmt, scale_dtype):
+@pytest.mark.parametrize("fmt,scale_dtype,bk", [(f, d, None) for f in ("int4", "int8", "fp8")
+                                                 for d in (torch.float32, torch.bfloat16, torch.float16)]
+                         + [("mxfp4", torch.uint8, None), ("int4", torch.float16, 64)])
+def test_quantized_scale_dtypes_and_partial_blocks(ex, pools, fmt, scale_dtype, bk):
     """Parts drawn at random in the layout's general form: every scale dtype, every code (fp8
     subnormals too), blocks of several rows (fp8) and last blocks that overhang the matrix
     (ceil(N / bn) x ceil(K / bk) scales; for int4 and mxfp4 also a row whose end is not a whole
-    chunk of the SIMD paths)."""
+    chunk of the SIMD paths; int4 in blocks of 64 also through the BF16 dot products)."""
     g = torch.Generator().manual_seed(3)
-    H, I, (bn, bk) = 80, 48, {"fp8": (32, 48), "int8": (1, 24)}.get(fmt, (1, 32))
+    H, I, (bn, bk) = 80, 48, {"fp8": (32, 48), "int8": (1, 24)}.get(fmt, (1, bk or 32))
 
     def parts(N, K):
         q = torch.randint(0, 256, (N, K // 2 if fmt in ("int4", "mxfp4") else K), generator=g, dtype=torch.uint8)
@@ -462,11 +479,14 @@ def test_expert_gbps_probe(fmt):
         cpu_executor.expert_gbps("int3", threads=1, seconds=0.01)
 
 
-def test_quantized_banks_of_two_formats(ex, pools):
-    """Each bank takes its own format's kernel (a checkpoint may keep down_proj wider)."""
-    gu, down = make_qbank("int4", 96, 64, 32, False)[0], make_qbank("int8", 96, 64, 32, False)[1]
-    x, ids, w = make_routes(3, 2, torch.int64, torch.float32, 96)
+@pytest.mark.parametrize("gate_up,down", [(("int4", 32), ("int8", 32)), (("int4", 64), ("int4", 32)),
+                                           (("int4", 32), ("int4", 64))])
+def test_quantized_banks_of_two_formats(ex, pools, gate_up, down):
+    """Each bank takes its own format's kernel (a checkpoint may keep down_proj wider), and with it
+    its own activation layout (int4 in blocks of 64 through the BF16 dot products, or not)."""
+    gu, dn = make_qbank(gate_up[0], 128, 64, gate_up[1], False)[0], make_qbank(down[0], 128, 64, down[1], False)[1]
+    x, ids, w = make_routes(3, 2, torch.int64, torch.float32, 128)
     for e in [ex, *pools.values()]:
-        out = torch.empty(3, 96)
-        e.run(x, gu, down, ids, w, out)
-        assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < 1e-5, e.backend
+        out = torch.empty(3, 128)
+        e.run(x, gu, dn, ids, w, out)
+        assert rel_err(out, ref.moe_experts(x, gu, dn, ids, w)) < 1e-5, e.backend

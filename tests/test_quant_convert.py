@@ -62,7 +62,8 @@ def test_quant_round_trip(float_hf, tmp_path, fmt):
                                    pad_token_id=0)[0, len(ids):].tolist()
     assert float((prefill_logits(e, ids) - want).norm() / want.norm()) < 1e-4
     assert greedy(e, ids, 16) == want_tokens
-    assert torch.equal(e.model.model.layers[0].self_attn.o_proj.weight, model.model.layers[0].self_attn.o_proj.weight)
+    o_proj = e.model.model.layers[0].self_attn.o_proj.weight
+    assert torch.equal(o_proj.cpu(), model.model.layers[0].self_attn.o_proj.weight)
 
 
 def test_bad_quant_options_are_refused_and_write_nothing(float_hf, tmp_path):
@@ -104,9 +105,10 @@ def test_budget_invariance(int4_ftw):
         assert st.misses > 0 and st.bytes_filled == st.fetched * slot
 
 
-def test_q_star_merge_is_exact_with_quantized_experts(int4_ftw):
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "device-control"])
+def test_q_star_merge_is_exact_with_quantized_experts(int4_ftw, graph):
     """A layer step with misses split between the cache and the CPU sums to the all-resident result."""
-    e = load(int4_ftw, expert_budget=10 * load(int4_ftw).runtime.store.layout.slot_bytes)
+    e = load(int4_ftw, expert_budget=10 * load(int4_ftw).runtime.store.layout.slot_bytes, graph=graph)
     rt = e.runtime
     rt.qstar.start(1.0, 1.0, online=False)
     g = torch.Generator().manual_seed(4)
@@ -114,10 +116,12 @@ def test_q_star_merge_is_exact_with_quantized_experts(int4_ftw):
     ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(6)])
     w = torch.rand(6, 2, generator=g)
     for layer in (0, 1, 2, 1):
-        got = rt.forward(layer, x, ids, w, prefill=False)
+        rt.before_step()  # device control: q* published to the device
+        got = rt.forward(layer, *(t.to(e.device) for t in (x, ids, w)), prefill=False).cpu()
         v = rt.store.views[layer]
         want = kref.moe_experts(x, v["gate_up"], v["down"], ids, w)
-        assert float((got - want).norm() / want.norm()) < 1e-6
+        assert float((got - want).norm() / want.norm()) < 1e-5  # two fp32 summation orders
+    rt.sync_stats()
     assert rt.cache.stats.fetched > 0 and rt.cache.stats.cpu > 0
 
 

@@ -51,6 +51,16 @@ def test_views_are_qweights_and_the_reference_runs_on_them(fmt, group):
     assert back == layout and back.dtype == fmt
 
 
+def test_slot_parts_live_on_the_pool_device():
+    """Codes, scales and zero points of the cache's slots are views of the pool's rows, so on
+    its device whatever that is ('meta' stands in for CUDA here)."""
+    from engine.moe.cache import ExpertCache
+    layout, _, _ = quantized_bank("int4", 16)
+    cache = ExpertCache(layout, 6, 2, E, torch.device("meta"))
+    parts = [t for w in cache.w.values() for t in (w.q, w.s, w.z)]
+    assert len(parts) == 6 and all(t.device.type == "meta" for t in parts)
+
+
 def test_cpu_executor_runs_quantized_banks():
     """The CPU executor takes QWeight banks (on its torch path until the C++ one reads them)."""
     from kernels.cpu_executor import CPUExecutor

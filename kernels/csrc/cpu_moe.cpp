@@ -39,8 +39,13 @@ namespace {
 
 // Weight formats (cpu_executor.py mirrors the codes); E8M0 only names mxfp4's scale type.
 enum Fmt { F32 = 0, BF16 = 1, F16 = 2, INT4 = 3, INT8 = 4, FP8 = 5, MXFP4 = 6, E8M0 = 7 };
-// Kernel families. DP_BF16: bf16 weights AND bf16 activations; AVX512: quantized weights only.
-enum Mode { DP_BF16 = 0, AVX2 = 1, SCALAR = 2, AVX512 = 3 };
+// Kernel families. DP_BF16: bf16 weights AND bf16 activations; AVX512: quantized weights only;
+// AVX512_BF16Q: quantized weights, int4 through the BF16 dot products (else as AVX512).
+enum Mode { DP_BF16 = 0, AVX2 = 1, SCALAR = 2, AVX512 = 3, AVX512_BF16Q = 4 };
+// How a kernel reads its activation rows (x, h) of n elements: fp32; bf16; BF16X2: each value v
+// as two bf16, hi = bf16(v) in the row's first n elements and lo = bf16(v - hi) in the next n,
+// hi + lo within 2**-18 of v (relative; 16 significant bits), and exactly v where v is a bf16.
+enum Act { A_F32 = 0, A_BF16 = 1, A_BF16X2 = 2 };
 constexpr int R1 = 16;  // gate/up row pairs per phase-1 unit (128 KiB of bf16 weights at H=2048)
 constexpr int R2 = 16;  // down rows per phase-2 unit, over every expert of the job
 constexpr int RC = 16;  // routes per call of a row kernel
@@ -77,7 +82,9 @@ Row row(const Mat& m, int64_t e, int n, int K) {
 using RowsFn = void (*)(const Row& w, const void* const* x, int nx, float* out);  // out[i] = w . x[i]
 struct Kernel {
   RowsFn fn;
-  int chunk;  // activations in permute(.., chunk) order; 0: plain order
+  int chunk;                  // activations in permute(.., chunk) order; 0: plain order
+  int act = A_F32;            // Act of the activation rows
+  RowsFn hi_only = nullptr;   // A_BF16X2: fn for rows whose lo halves are all zero
 };
 
 // Position of element k of a length-K activation row read by a kernel of the given chunk: within
@@ -96,6 +103,14 @@ uint16_t f2bf(float f) {  // round to nearest even, NaN kept a NaN
   uint32_t u; memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+int act_bytes(int act) { return act == A_BF16 ? 2 : 4; }
+// Element p of an activation row of n elements (p: its position in the kernel's order) := v.
+void put_act(char* row, int n, int p, float v, int act) {
+  auto h = reinterpret_cast<uint16_t*>(row);
+  if (act == A_F32) memcpy(row + size_t(p) * 4, &v, 4);
+  else if (act == A_BF16) h[p] = f2bf(v);
+  else h[p] = f2bf(v), h[n + p] = f2bf(std::isinf(bf2f(h[p])) ? 0.f : v - bf2f(h[p]));
 }
 
 // Element k of a quantized row before its block scale. int4/int8: code - zero point. fp8 (e4m3):
@@ -314,6 +329,82 @@ BF16_T float dot_dpbf16(const void* w, const void* x, int n) {  // bf16 x bf16 p
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
+// ---- int4 rows through the AVX-512 BF16 dot products ----
+// A code minus its zero point is an integer of at most 8 bits, so a bf16 holds it exactly, and
+// the product of two bf16 is exact in fp32: each block's dots of codes with the activations' hi
+// and lo halves (A_BF16X2) are accumulated in fp32 by VDPBF16PS, then scaled once per block. 64
+// columns a step: 32 bytes of codes widened to 16-bit lanes give the even columns' codes (low
+// nibbles) and the odd columns' (high nibbles), each turned into bf16 (c - z) by one table lookup
+// (VPERMW) and meeting 32 activations in the chunked order of permute(.., 64). Activations whose
+// lo halves are all zero (exactly bf16: a bf16 model's x) take the variant that skips them.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512bf16")
+namespace bf16q {
+constexpr int kChunk = 64;
+
+inline __m512i code_table(int z) {  // bf16 (c - z) in 16-bit lane c, c < 16
+  const __m512 c = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
+  return _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(c, _mm512_set1_ps(float(z)))));
+}
+
+inline __m512 dp(__m512 acc, __m512i w, const uint16_t* x) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_loadu_si512(x));
+}
+
+// out[r] = W_row . x[r] for NR activation rows (A_BF16X2; LO: their lo halves too). The whole
+// blocks (bk % 64 == 0) run vectorized; a last block short of bk columns, if any, runs scalar.
+template <int NR, bool LO>
+void qrow(const Row& w, const uint16_t* const* xr, float* out) {
+  const int K = w.K, bk = w.bk, nb = K / bk;
+  const __m512i low = _mm512_set1_epi16(15);
+  const uint16_t* x[NR];
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) x[r] = xr[r], acc[r] = _mm512_setzero_ps();
+  __m512i tab = code_table(0);
+  int ztab = 0;
+  const uint8_t* q = w.q;
+  for (int g = 0; g < nb; ++g) {
+    const int z = w.z[g];
+    if (z != ztab) tab = code_table(z), ztab = z;
+    __m512 p[NR][LO ? 4 : 2];  // hi . even columns, hi . odd, lo . even, lo . odd
+    for (int r = 0; r < NR; ++r)
+      for (auto& v : p[r]) v = _mm512_setzero_ps();
+    for (int i = 0; i < bk; i += kChunk, q += kChunk / 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(q) + 4096, _MM_HINT_T0);  // see dot_avx2
+      const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+      const __m512i we = _mm512_permutexvar_epi16(_mm512_and_si512(c, low), tab);
+      const __m512i wo = _mm512_permutexvar_epi16(_mm512_srli_epi16(c, 4), tab);
+      for (int r = 0; r < NR; ++r) {
+        const uint16_t* xk = x[r] + g * bk + i;
+        p[r][0] = dp(p[r][0], we, xk), p[r][1] = dp(p[r][1], wo, xk + 32);
+        if constexpr (LO) p[r][2] = dp(p[r][2], we, xk + K), p[r][3] = dp(p[r][3], wo, xk + K + 32);
+      }
+    }
+    const __m512 sv = _mm512_set1_ps(block_scale<INT4>(w, g));
+    for (int r = 0; r < NR; ++r) {
+      __m512 t = _mm512_add_ps(p[r][0], p[r][1]);
+      if constexpr (LO) t = _mm512_add_ps(t, _mm512_add_ps(p[r][2], p[r][3]));
+      acc[r] = _mm512_fmadd_ps(t, sv, acc[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+  for (int k = nb * bk; k < K; ++k) {  // the short last block
+    const int p = permute(k, K, kChunk);
+    const float v = code_value<INT4>(w.q, k, float(w.z[nb])) * block_scale<INT4>(w, nb);
+    for (int r = 0; r < NR; ++r) out[r] += v * (bf2f(x[r][p]) + (LO ? bf2f(x[r][K + p]) : 0.f));
+  }
+}
+
+template <bool LO>
+void rows(const Row& w, const void* const* x, int nx, float* out) {
+  auto xh = reinterpret_cast<const uint16_t* const*>(x);
+  int i = 0;
+  for (; i + 2 <= nx; i += 2) qrow<2, LO>(w, xh + i, out + i);
+  if (i < nx) qrow<1, LO>(w, xh + i, out + i);
+}
+}  // namespace bf16q
+#pragma GCC pop_options
+
 // RowsFn of plain weights: one dot per activation row (the row stays in L1 for the next ones).
 template <DotFn D> void frows(const Row& w, const void* const* x, int nx, float* out) {
   for (int i = 0; i < nx; ++i) out[i] = D(w.q, x[i], w.K);
@@ -326,14 +417,16 @@ Kernel kernel(int mode, const Mat& m) {
   static const RowsFn scalarf[3] = {frows<dot_scalar<F32>>, frows<dot_scalar<BF16>>, frows<dot_scalar<F16>>};
   if (m.fmt < 0 || m.fmt > MXFP4) return {nullptr, 0};
   if (m.fmt >= INT4) {
+    if (mode == AVX512_BF16Q && m.fmt == INT4 && m.bk % bf16q::kChunk == 0)
+      return {bf16q::rows<true>, bf16q::kChunk, A_BF16X2, bf16q::rows<false>};
     static const Kernel* paths[3] = {avx512::qkernels, avx2::qkernels, scalar::qkernels};
-    for (int p = mode == AVX512 ? 0 : mode == AVX2 ? 1 : mode == SCALAR ? 2 : 3; p < 3; ++p) {
+    for (int p = mode >= AVX512 ? 0 : mode == AVX2 ? 1 : mode == SCALAR ? 2 : 3; p < 3; ++p) {
       const Kernel& k = paths[p][m.fmt - INT4];
       if (!k.chunk || m.bk % k.chunk == 0) return k;
     }
     return {nullptr, 0};
   }
-  if (mode == DP_BF16) return {m.fmt == BF16 ? frows<dot_dpbf16> : nullptr, 0};
+  if (mode == DP_BF16) return {m.fmt == BF16 ? frows<dot_dpbf16> : nullptr, 0, A_BF16};
   return {mode == SCALAR ? scalarf[m.fmt] : avx2f[m.fmt], 0};
 }
 
@@ -344,11 +437,10 @@ struct Job {
   const char* x = nullptr;      // [T, H], in the order of kgu
   Mat gu{}, d{};                // banks [E, 2I, H], [E, H, I]
   Kernel kgu{}, kd{};           // their row kernels
-  std::unique_ptr<float[]> xp;  // x permuted for kgu, where it needs that
+  std::unique_ptr<char[]> xp;   // x permuted (and converted) for kgu, where it needs that
   float* out = nullptr;         // [T, H]
-  bool bf16act = false;         // activations (x, h) held as bf16 for the DP_BF16 path, else fp32
   int T = 0, H = 0, I = 0, E = 0;
-  size_t asz = 0;               // bytes per activation element
+  size_t xsz = 0, hsz = 0;      // bytes per element of x (kgu.act) and of h (kd.act)
   std::vector<int64_t> eid;     // [G] expert of each group of routes
   std::vector<int> gstart;      // [G + 1] route range of each group, routes sorted by expert
   std::vector<int> tok;         // [R] token of each route
@@ -386,8 +478,7 @@ void unit1(Job& J, int u) {
       J.kgu.fn(row(J.gu, e, J.I + j, J.H), &J.xr[r0], n, b);
       for (int i = 0; i < n; ++i) {
         float v = a[i] / (1.f + std::exp(-a[i])) * b[i];
-        char* dst = J.h.get() + (size_t(r0 + i) * J.I + permute(j, J.I, J.kd.chunk)) * J.asz;
-        if (J.bf16act) { uint16_t hv = f2bf(v); memcpy(dst, &hv, 2); } else memcpy(dst, &v, 4);
+        put_act(J.h.get() + size_t(r0 + i) * J.I * J.hsz, J.I, permute(j, J.I, J.kd.chunk), v, J.kd.act);
       }
     }
 }
@@ -535,14 +626,22 @@ void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, cons
     J->T = T, J->H = H, J->I = I, J->E = E;
     J->kgu = kernel(mode, *gu), J->kd = kernel(mode, *dn);
     if (!J->kgu.fn || !J->kd.fn) return nullptr;
-    J->bf16act = mode == DP_BF16;
-    J->asz = J->bf16act ? 2 : 4;
+    J->xsz = act_bytes(J->kgu.act), J->hsz = act_bytes(J->kd.act);
     if (J->kgu.chunk) {  // fp32 x (the chunked kernels are quantized ones)
-      J->xp.reset(new float[size_t(T) * H]);
+      J->xp.reset(new char[size_t(T) * H * J->xsz]);
       for (int t = 0; t < T; ++t)
         for (int k = 0; k < H; ++k)
-          J->xp[size_t(t) * H + permute(k, H, J->kgu.chunk)] = static_cast<const float*>(x)[size_t(t) * H + k];
-      J->x = reinterpret_cast<const char*>(J->xp.get());
+          put_act(J->xp.get() + size_t(t) * H * J->xsz, H, permute(k, H, J->kgu.chunk),
+                  static_cast<const float*>(x)[size_t(t) * H + k], J->kgu.act);
+      J->x = J->xp.get();
+      if (J->kgu.hi_only) {  // x of a bf16 model: every lo half zero
+        auto xh = reinterpret_cast<const uint16_t*>(J->x);
+        bool exact = true;
+        for (int t = 0; t < T && exact; ++t)
+          exact = std::all_of(xh + (2 * t + 1) * size_t(H), xh + (2 * t + 2) * size_t(H),
+                              [](uint16_t v) { return v == 0; });
+        if (exact) J->kgu.fn = J->kgu.hi_only;
+      }
     }
     std::vector<std::pair<int64_t, int>> rs;  // (expert, route index); sorting groups by expert
     for (int i = 0; i < T * K; ++i) {
@@ -550,14 +649,14 @@ void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, cons
       if (e != -1) rs.emplace_back(e, i);  // other bad ids fail inside the workers
     }
     std::sort(rs.begin(), rs.end());
-    J->h.reset(new char[rs.size() * size_t(I) * J->asz + 1]);
+    J->h.reset(new char[rs.size() * size_t(I) * J->hsz + 1]);
     for (size_t i = 0; i < rs.size(); ++i) {
       if (i == 0 || rs[i].first != rs[i - 1].first)
         J->eid.push_back(rs[i].first), J->gstart.push_back(int(i));
       J->tok.push_back(rs[i].second / K);
       J->rw.push_back(rw[rs[i].second]);
-      J->xr.push_back(J->x + size_t(J->tok.back()) * H * J->asz);
-      J->hr.push_back(J->h.get() + i * I * J->asz);
+      J->xr.push_back(J->x + size_t(J->tok.back()) * H * J->xsz);
+      J->hr.push_back(J->h.get() + i * I * J->hsz);
     }
     J->gstart.push_back(int(rs.size()));
     J->nb1 = (I + R1 - 1) / R1, J->n1 = int(J->eid.size()) * J->nb1, J->n2 = (H + R2 - 1) / R2;
