@@ -204,7 +204,7 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     if cpu is not None and old.cpu_threads != config.cpu_threads:  # else keep the worker pool
         cpu.close()
         cpu = None
-    runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode, cpu)
+    runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode, cpu, cfg.expert_act)
     runtime.routing = routing
     for block in runner.model.moe_blocks():
         block.runtime = runtime

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny  # noqa: E402
 
-ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "deepseek_v2", "glm4_moe"]
+ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "deepseek_v2", "glm4_moe", "gpt_oss"]
 
 
 def pytest_addoption(parser):

@@ -10,7 +10,7 @@ from conftest import greedy, load, prefill_logits
 from test_parity import prompt, rel_err
 from test_policies import POLICIES
 
-NEW_ARCHS = ["deepseek_v3", "deepseek_v2", "glm4_moe"]
+NEW_ARCHS = ["deepseek_v3", "deepseek_v2", "glm4_moe", "gpt_oss"]
 
 
 def reference_tokens(ref, ids: list[int], n: int) -> list[int]:

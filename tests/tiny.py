@@ -40,6 +40,10 @@ def hf_config(arch: str, **kw):
                                 use_qk_norm=True, attention_bias=True, n_routed_experts=8, num_experts_per_tok=2,
                                 moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
                                 n_group=2, topk_group=1, routed_scaling_factor=1.5)
+    if arch == "gpt_oss":  # sliding layers whose window the 64-token prompt crosses; a limit that clamps
+        return tf.GptOssConfig(**{**base, "intermediate_size": 32}, head_dim=16, num_local_experts=8,
+                               num_experts_per_tok=2, sliding_window=20, swiglu_limit=0.8,
+                               rope_parameters={**yarn, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})
     raise ValueError(arch)
 
 

@@ -9,7 +9,7 @@ from dataclasses import astuple, dataclass
 import torch
 
 from engine.errors import UserError
-from engine.moe.layout import SlotLayout
+from engine.moe.layout import SlotLayout, expert_bias
 from engine.moe.tables import DeviceTables, HostTables, ResidencyTables
 
 
@@ -66,6 +66,7 @@ class ExpertCache:
         self.layout = layout
         self.pool = torch.empty(n_slots, layout.slot_bytes, dtype=torch.uint8, device=device)
         self.w = layout.views(self.pool)                  # {name: [S, ...]}
+        self.bias = expert_bias(self.w)
         self.n_experts = n_experts
         # graph mode: control on the device; eager control: one sync per layer step
         self.tables: ResidencyTables = (DeviceTables(n_slots, n_layers * n_experts, n_experts, device)
