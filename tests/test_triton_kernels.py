@@ -267,6 +267,44 @@ def test_moe_experts_biases_and_clamped_swiglu_match_ref(kernel, fmt):
     assert (out.cpu() - ref.moe_experts(x, dgu, dd, slots, w)).abs().max() > 0.1  # the options matter
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+def test_moe_experts_gpt_oss_shape_gpu(fmt):
+    """gpt-oss-120b's experts (H = I = 2880, not a multiple of the GEMV tiles) with biases and the
+    clamped SwiGLU, bf16 x: the decode GEMVs and, for MXFP4, the prefill grouped GEMMs."""
+    gen = torch.Generator().manual_seed(14)
+    K, H, I, S = 4, 2880, 2880, 6
+    act = ref.ExpertAct(alpha=1.702, limit=7.0, shift=1.0)
+    if fmt == "bf16":
+        wgu, wd = _pool_views(S, H, I, torch.bfloat16, gen)
+        dgu, dd = wgu.double(), wd.double()
+    else:
+        (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 32, True, torch.float16, True, gen)
+        dgu, dd = dgu.to(DEV).double(), dd.to(DEV).double()
+    bias = _biases(S, H, I, gen)
+    for T in (4, 128) if fmt == "mxfp4" else (4,):  # 128 tokens: the grouped GEMMs
+        x = (torch.randn(T, H, generator=gen) * 4).to(torch.bfloat16).to(DEV)
+        slots = torch.randint(-1, S, (T, K), generator=gen).to(DEV)
+        w = torch.rand(T, K, generator=gen).to(DEV)
+        want = ref.moe_experts(x.double(), dgu, dd, slots, w.double(), act, tuple(b.double() for b in bias)).float()
+        _close(moe_experts_auto(x, wgu, wd, slots, w, act, bias), want, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_paged_decode_attention_gpt_oss_shape_gpu():
+    """gpt-oss's attention (64 heads over 8 KV heads of 64 dims, sinks) at long contexts, full and
+    with its 128-token window."""
+    gen = torch.Generator().manual_seed(15)
+    lens = [4096, 1, 300, 129]
+    (q, k, v), pt = _attn_case(4, 64, 8, 64, 16, lens, torch.bfloat16, gen)
+    sinks = (torch.randn(64, generator=gen) * 2).to(torch.bfloat16)
+    for window in (None, 128):
+        out = paged_decode_attention(q.to(DEV), k.to(DEV), v.to(DEV), pt.to(DEV),
+                                     torch.tensor(lens, dtype=torch.int32, device=DEV), 0.125, window, sinks.to(DEV))
+        _close(out, ref.paged_attention(q.float(), k.float(), v.float(), pt, [1] * 4, lens, 0.125, window,
+                                        sinks.float()), torch.bfloat16)
+
+
 # ---------------------------------------------------------------- paged decode attention
 def _attn_case(B, Hq, Hkv, D, page, lens, dtype, gen):
     max_pages = max((c + page - 1) // page for c in lens) + 1
