@@ -15,9 +15,9 @@ import torch
 
 from engine.errors import UserError
 from engine.formats import QParts, Scheme, dequant_parts, fuse_gate_up, scheme_of
-from engine.models import canonical_name, dense_tensor, model_config, read_hf_config, skipped
+from engine.models import arch_tensor, canonical_name, dense_tensor, model_config, read_hf_config, skipped
 from engine.models.base import FLOAT_NAMES, ModelConfig
-from engine.moe.layout import SlotLayout
+from engine.moe.layout import BIASES, WEIGHTS, SlotLayout
 from engine.moe.store import bank_name
 from ftw.format import DTYPES
 from kernels.quant import FORMATS, QWeight, quantize
@@ -27,7 +27,7 @@ SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeni
               "merges.txt", "tokenizer.model", "added_tokens.json")
 LAYER = re.compile(r"model\.layers\.(\d+)\.")
 EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\."
-                    r"(?:(\d+)\.(gate_proj|up_proj|down_proj)\.weight|(gate_up_proj|down_proj))$")
+                    r"(?:(\d+)\.(gate_proj|up_proj|down_proj)\.weight|(gate_up_proj|down_proj)(_bias)?)$")
 IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 CONVERTER = "freetoken-convert-1"
 log = logging.getLogger("freetoken.convert")
@@ -158,13 +158,20 @@ def expected_names(cfg: ModelConfig) -> set[str]:
 
 def layer_experts(src: Source, layer: int, cfg: ModelConfig) -> Iterator[dict]:
     """Each routed expert of `layer` as {"gate_up": w [2I, H], "down": w [H, I]}, w a float tensor
-    or QParts as the checkpoint stores it (gate rows first, then up)."""
+    or QParts as the checkpoint stores it (gate rows first, then up), and with expert biases
+    "gate_up_bias" [2I] and "down_bias" [H] (fused checkpoints only, as gpt-oss ships them)."""
     pre = f"model.layers.{layer}.mlp.experts."
-    if pre + "gate_up_proj" in src.where:  # fused layout: [E, 2I, H] and [E, H, I]
-        fused = {"gate_up": src.weight(pre + "gate_up_proj"), "down": src.weight(pre + "down_proj")}
+    if pre + "gate_up_proj" in src.where:  # fused layout: [E, 2I, H] and [E, H, I] (after arch_tensor)
+        names = ("gate_up_proj", "down_proj") + (("gate_up_proj_bias", "down_proj_bias") if cfg.expert_bias else ())
+        for n in names:
+            if pre + n not in src.where:
+                raise UserError(f"checkpoint lacks {pre}{n}; it looks incomplete, re-download it")
+        fused = {k: arch_tensor(cfg, pre + n, src.weight(pre + n)) for k, n in zip(WEIGHTS + BIASES, names)}
         for e in range(cfg.num_experts):
             yield {n: _index(w, e) for n, w in fused.items()}
         return
+    if cfg.expert_bias:
+        raise UserError(f"checkpoint lacks {pre}gate_up_proj; {cfg.model_type} experts come as fused tensors")
     for e in range(cfg.num_experts):
         part = f"{pre}{e}."
         if part + "gate_proj.weight" not in src.where:
@@ -192,14 +199,15 @@ def to_slot(w: torch.Tensor | QParts, dt: torch.dtype, quant: tuple | None) -> t
 
 def expert_layout(src: Source, cfg: ModelConfig, dt: torch.dtype, quant: tuple | None) -> SlotLayout:
     """The slot layout, from the first routed expert as its slot will hold it."""
-    first = {n: to_slot(w, dt, quant) for n, w in next(layer_experts(src, cfg.moe_layer_ids[0], cfg)).items()}
+    first = next(layer_experts(src, cfg.moe_layer_ids[0], cfg))
+    first = {n: to_slot(first[n], dt, quant) for n in WEIGHTS}
     kinds = {isinstance(w, tuple) for w in first.values()}
     if kinds == {False}:
-        return SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, dt)
+        return SlotLayout.for_experts(cfg.hidden_size, cfg.moe_intermediate_size, dt, cfg.expert_bias)
     if kinds != {True}:
         raise UserError("the first routed expert has quantized and unquantized weights; FreeToken needs every "
                         "routed expert weight in one format")
-    return SlotLayout.for_qweights(quant[0] if quant else src.scheme.fmt, first)
+    return SlotLayout.for_qweights(quant[0] if quant else src.scheme.fmt, first, cfg.expert_bias)
 
 
 def pack_bank(src: Source, layer: int, cfg: ModelConfig, layout: SlotLayout, dt: torch.dtype,
@@ -208,8 +216,9 @@ def pack_bank(src: Source, layer: int, cfg: ModelConfig, layout: SlotLayout, dt:
     bank = torch.zeros(cfg.num_experts, layout.slot_bytes, dtype=torch.uint8)
     views = layout.views(bank)
     for e, weights in enumerate(layer_experts(src, layer, cfg)):
-        for n, w in weights.items():
-            _put(views[n], e, to_slot(w, dt, quant), f"{n} weight of expert {e} in layer {layer}")
+        for n, w in weights.items():  # biases stay float32 (kernels add them to fp32 sums)
+            _put(views[n], e, w.float() if n in BIASES else to_slot(w, dt, quant),
+                 f"{n} weight of expert {e} in layer {layer}")
     return bank
 
 

@@ -169,12 +169,13 @@ def free_memory(device: torch.device) -> int:
 def prefill_bytes(chunk: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:
     """Device memory a prefill chunk of `chunk` tokens works in: per token, a layer step's hidden
     states, q/k/v/o, one row of the causal mask over the context (bool and additive) and the fp32 expert
-    intermediates; once, K and V of the whole context expanded to every query head (MLA: decompressed)."""
+    intermediates; once, K and V of the whole context expanded to every query head (MLA: decompressed;
+    with attention sinks twice: SDPA reads a padded copy, see kernels.ref.paged_attention)."""
     H, b = cfg.hidden_size, dtype.itemsize
     D = sum(cfg.attn_dims)  # a head's K and V widths
     inter = max(cfg.moe_intermediate_size, cfg.intermediate_size)
     per_token = (4 * H + (cfg.num_heads + cfg.num_kv_heads) * D) * b + (3 * H + 3 * inter) * 4 + 3 * max_context
-    return cfg.num_heads * D * max_context * b + chunk * per_token
+    return (1 + cfg.attention_sinks) * cfg.num_heads * D * max_context * b + chunk * per_token
 
 
 def prefill_chunk_for(free: int, cfg: ModelConfig, max_context: int, dtype: torch.dtype) -> int:
@@ -207,7 +208,7 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     if cpu is not None and old.cpu_threads != config.cpu_threads:  # else keep the worker pool
         cpu.close()
         cpu = None
-    runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode, cpu)
+    runtime = ExpertRuntime(store, cache, policy, config.cpu_threads, config.prefill_mode, cpu, cfg.expert_act)
     runtime.routing = routing
     for block in runner.model.moe_blocks():
         block.runtime = runtime

@@ -37,6 +37,13 @@ SHAPES = {
                         n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1,
                         routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1,
                         rms_norm_eps=1e-5, rope_theta=1e6, max_position_embeddings=131072),
+    # no dense layers: 128 experts of 3 x 2880 x 2880 with biases (5.9 GiB per layer in bf16, 1.6 in MXFP4)
+    "gpt-oss-120b": dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                         num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                         num_local_experts=128, num_experts_per_tok=4, sliding_window=128, attention_bias=True,
+                         swiglu_limit=7.0, rms_norm_eps=1e-5, max_position_embeddings=131072, rope_theta=150000,
+                         rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                                           truncate=False, original_max_position_embeddings=4096)),
     "tiny": dict(QWEN3, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32, vocab_size=512),
     # hybrids: every fourth layer gated full attention, the others Gated DeltaNet
@@ -83,12 +90,12 @@ def expert_layout(cfg: ModelConfig, quant: tuple[str, int] | None) -> SlotLayout
     from kernels.quant import quantize
     H, I = cfg.hidden_size, cfg.moe_intermediate_size
     if quant is None:
-        return SlotLayout.for_experts(H, I, torch.bfloat16)
+        return SlotLayout.for_experts(H, I, torch.bfloat16, cfg.expert_bias)
     fmt, group = quant
     while H % group or I % group:
         group //= 2
     return SlotLayout.for_qweights(fmt, {"gate_up": quantize(fmt, torch.zeros(2 * I, H), group),
-                                         "down": quantize(fmt, torch.zeros(H, I), group)})
+                                         "down": quantize(fmt, torch.zeros(H, I), group)}, cfg.expert_bias)
 
 
 def random_banks(store, dtype: torch.dtype, gen: torch.Generator, distinct: int = 32,

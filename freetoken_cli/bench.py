@@ -14,7 +14,8 @@ from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, ModelArg,
 from freetoken_cli.quality import quality
 
 Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, "
-                                        "deepseek-v3, glm-4.5-air, qwen3.5-35b-a3b, tiny, tiny-hybrid")
+                                        "deepseek-v3, glm-4.5-air, gpt-oss-120b, qwen3.5-35b-a3b, tiny, "
+                                        "tiny-hybrid")
 Layers = typer.Option(None, help="with --synthetic: keep only the first N layers")
 Quant = typer.Option(None, "--quant", help="with --synthetic: experts in int4, int8, fp8 or mxfp4 (groups of 128; mxfp4: 32)")
 Threads = typer.Option(None, help="CPU expert threads")

@@ -3,7 +3,9 @@
 Split-KV ("flash decoding"): program (b, kv head j, split) runs an online softmax over its share
 of the sequence's tokens for the G = Hq/Hkv query heads of kv head j together (one tl.dot per
 tile), then a combine kernel merges the splits. ctx_lens is read on the device only, so the
-launch can be captured in a CUDA graph; splits past a sequence's end do nothing.
+launch can be captured in a CUDA graph; splits past a sequence's end do nothing. A sliding
+window spreads the splits over the window only; attention sinks start split 0's softmax with
+the sink as its running maximum and a sum of one.
 """
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, len_ptr, o_ptr, ml_ptr, qk_scale, D, Hq, chunk,
-                  sq_b, sq_h, sk_p, sk_t, sk_h, sv_p, sv_t, sv_h, spt_b,
+def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, len_ptr, sink_ptr, o_ptr, ml_ptr, qk_scale, D, Hq, chunk,
+                  window, sq_b, sq_h, sk_p, sk_t, sk_h, sv_p, sv_t, sv_h, spt_b,
                   G: tl.constexpr, PAGE: tl.constexpr, NSPLIT: tl.constexpr, PREC: tl.constexpr,
-                  BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                  SINK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     b, j, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(len_ptr + b)
     offs_g, offs_d = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
@@ -28,8 +31,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, len_ptr, o_ptr, ml_ptr, qk_scale,
                 mask=mg[:, None] & md[None, :], other=0.0)                 # [BLOCK_G, BLOCK_D]
     m_i = tl.full([BLOCK_G], -1e30, tl.float32)                            # running max (log2)
     l_i = tl.zeros([BLOCK_G], tl.float32)
+    if SINK:                                                               # split 0: exp2(sink - m_i) = 1
+        sink = tl.load(sink_ptr + head, mask=mg, other=0.0).to(tl.float32) * _LOG2E
+        m_i = tl.where(sp == 0, sink, m_i)
+        l_i = tl.where(sp == 0, 1.0, l_i)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    lo = sp * chunk
+    lo = tl.where(window > 0, tl.maximum(ctx - window, 0), 0) + sp * chunk
     hi = tl.minimum(lo + chunk, ctx)
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)                             # [BLOCK_N] positions
@@ -131,15 +138,18 @@ def qkv_rope_write(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                            page_table: torch.Tensor, ctx_lens: torch.Tensor, scale: float,
+                           window: int | None = None, sinks: torch.Tensor | None = None,
                            n_split: int | None = None, block_n: int = 64) -> torch.Tensor:
     """q [B, Hq, D]; k_pool, v_pool [P, page, Hkv, D]; page_table [B, max_pages] int32;
-    ctx_lens [B] int32 on q's device (never read on the host) -> [B, Hq, D] in q's dtype."""
+    ctx_lens [B] int32 on q's device (never read on the host); window and sinks [Hq] as
+    kernels.ref.paged_attention has them -> [B, Hq, D] in q's dtype."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_pool.shape
     assert Hq % Hkv == 0 and q.stride(2) == k_pool.stride(3) == v_pool.stride(3) == 1
     assert q.dtype == k_pool.dtype == v_pool.dtype, "q and the KV pools must share a dtype"
-    block_n = max(16, min(block_n, triton.next_power_of_2(page_table.shape[1] * page)))
-    n_blocks = triton.cdiv(page_table.shape[1] * page, block_n)            # token tiles at most
+    span = min(page_table.shape[1] * page, window or page_table.shape[1] * page)  # tokens read at most
+    block_n = max(16, min(block_n, triton.next_power_of_2(span)))
+    n_blocks = triton.cdiv(span, block_n)                                  # token tiles at most
     if n_split is None:                                                    # ~2 programs per SM
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         n_split = min(triton.next_power_of_2(triton.cdiv(2 * sms, B * Hkv)), n_blocks)
@@ -149,10 +159,10 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     ml = torch.empty(B, Hq, n_split, 2, device=q.device)                   # (max, sum) per split
     G = Hq // Hkv
     _split_kernel[(B, Hkv, n_split)](
-        q, k_pool, v_pool, page_table, ctx_lens, part, ml, scale * LOG2E, D, Hq, chunk,
-        q.stride(0), q.stride(1), *k_pool.stride()[:3], *v_pool.stride()[:3], page_table.stride(0),
-        G=G, PAGE=page, NSPLIT=n_split, PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=max(16, triton.next_power_of_2(D)),
+        q, k_pool, v_pool, page_table, ctx_lens, q if sinks is None else sinks, part, ml, scale * LOG2E, D, Hq,
+        chunk, window or 0, q.stride(0), q.stride(1), *k_pool.stride()[:3], *v_pool.stride()[:3],
+        page_table.stride(0), G=G, PAGE=page, NSPLIT=n_split, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        SINK=sinks is not None, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_N=block_n)
     if n_split > 1:
         _combine_kernel[(B * Hq,)](part, ml, out, D, NSPLIT=n_split,

@@ -1,12 +1,14 @@
 """CPU expert executor: the routed expert FFNs of the CPU routes, computed by a persistent pool of
 C++ worker threads straight from the host expert banks (kernels/csrc/cpu_moe.cpp), with the
 semantics of kernels.ref.moe_experts. A bank is a tensor [E, N, K] (fp32/bf16/fp16) or a
-kernels.quant.QWeight (int4, int8, fp8, mxfp4), dequantized in registers. The library is built on
+kernels.quant.QWeight (int4, int8, fp8, mxfp4), dequantized in registers, with optional float32
+biases and a gated activation (kernels.ref.ExpertAct). The library is built on
 first use with torch's extension builder and called through ctypes (which releases the GIL); where
 it cannot be built, one line on stderr says why and a plain-torch path gives the same result."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import shutil
 import sys
@@ -19,6 +21,7 @@ import torch
 
 from kernels import ref
 from kernels.quant import FORMATS, QWeight
+from kernels.ref import SILU, ExpertAct, ExpertBias
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_moe.cpp"
 # cpu_moe.cpp Fmt codes: of plain weights and of scales, of quantized formats, of mxfp4's scales
@@ -37,14 +40,18 @@ def _build() -> ctypes.CDLL:
     from torch.utils.cpp_extension import load
     # No -march=native: the cached library may be reused on another CPU (shared home, container
     # image); the SIMD paths are per-function targets picked at run time instead.
-    path = load("freetoken_cpu_moe", [str(_SRC)], extra_cflags=["-O3"], is_python_module=False)
-    lib, p, i, m = ctypes.CDLL(path), ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Mat)
+    # Named by the sources' digest: processes running different sources (another checkout, an
+    # upgrade) never rebuild one library under each other, which would load a mismatched ABI.
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(_SRC.parent.iterdir()))).hexdigest()[:12]
+    path = load(f"freetoken_cpu_moe_{digest}", [str(_SRC)], extra_cflags=["-O3"], is_python_module=False)
+    lib, p, i = ctypes.CDLL(path), ctypes.c_void_p, ctypes.c_int
+    m, a = ctypes.POINTER(_Mat), ctypes.POINTER(_ExpertAct)
     for fn, args, res in [("pool_create", [i, p, i], p), ("pool_destroy", [p], None),
-                          ("submit", [p, p, m, m, p, p, p] + [i] * 7, p),
+                          ("submit", [p, p, m, m, p, p, p] + [i] * 7 + [a], p),
                           ("wait", [p, ctypes.c_double], i), ("error", [p], ctypes.c_char_p),
                           ("free", [p], None), ("cpu_features", [], i),
                           ("seconds", [p], ctypes.c_double),
-                          ("poller_start", [p] * 7 + [m, m] + [i] * 6, p),
+                          ("poller_start", [p] * 7 + [m, m] + [i] * 6 + [a], p),
                           ("poller_stop", [p], None), ("poller_stats", [p, p], i),
                           ("poller_error", [p], ctypes.c_char_p)]:
         getattr(lib, "ftmoe_" + fn).argtypes, getattr(lib, "ftmoe_" + fn).restype = args, res
@@ -100,20 +107,31 @@ def _cores() -> int:
 
 
 class _Mat(ctypes.Structure):
-    """cpu_moe.cpp's Mat: one bank [E, N, K], plain or quantized."""
+    """cpu_moe.cpp's Mat: one bank [E, N, K], plain or quantized, and its bias [E, N] or null."""
     _fields_ = [("q", ctypes.c_void_p), ("s", ctypes.c_void_p), ("z", ctypes.c_void_p),
                 ("sq", ctypes.c_int64), ("ss", ctypes.c_int64), ("sz", ctypes.c_int64),
-                ("fmt", ctypes.c_int32), ("sdt", ctypes.c_int32), ("bn", ctypes.c_int32), ("bk", ctypes.c_int32)]
+                ("fmt", ctypes.c_int32), ("sdt", ctypes.c_int32), ("bn", ctypes.c_int32), ("bk", ctypes.c_int32),
+                ("b", ctypes.c_void_p), ("sb", ctypes.c_int64)]
 
 
-def _mat(w) -> _Mat:
+class _ExpertAct(ctypes.Structure):
+    """cpu_moe.cpp's ExpertAct: kernels.ref.ExpertAct, an infinite limit for none."""
+    _fields_ = [("alpha", ctypes.c_float), ("limit", ctypes.c_float), ("shift", ctypes.c_float)]
+
+
+def _act(act: ExpertAct) -> _ExpertAct:
+    return _ExpertAct(act.alpha, float("inf") if act.limit is None else act.limit, act.shift)
+
+
+def _mat(w, b: torch.Tensor | None = None) -> _Mat:
+    bias = (None, 0) if b is None else (b.data_ptr(), b.stride(0) * b.element_size())
     if not isinstance(w, QWeight):
-        return _Mat(w.data_ptr(), None, None, w.stride(0) * w.element_size(), 0, 0, _DTYPES[w.dtype], 0, 1, 1)
+        return _Mat(w.data_ptr(), None, None, w.stride(0) * w.element_size(), 0, 0, _DTYPES[w.dtype], 0, 1, 1, *bias)
     z = w.z
     return _Mat(w.q.data_ptr(), w.s.data_ptr(), None if z is None else z.data_ptr(),
                 w.q.stride(0) * w.q.element_size(), w.s.stride(0) * w.s.element_size(),
                 0 if z is None else z.stride(0), _QFMT[w.fmt],
-                _E8M0 if w.fmt == "mxfp4" else _DTYPES[w.s.dtype], *w.block)
+                _E8M0 if w.fmt == "mxfp4" else _DTYPES[w.s.dtype], *w.block, *bias)
 
 
 def _parts(w) -> list[torch.Tensor]:
@@ -133,10 +151,18 @@ def _qweight_ok(w: QWeight) -> bool:
             and (w.z is None or (w.z.dtype == torch.uint8 and tuple(w.z.shape) == (S, nb, kb))))
 
 
-def _check_banks(wgu, wd, H: int | None = None) -> None:
-    """w_gate_up [E, 2I, H] and w_down [E, H, I]: both tensors of one dtype, or both QWeights."""
+def _check_banks(wgu, wd, H: int | None = None, bias: ExpertBias | None = None) -> None:
+    """w_gate_up [E, 2I, H] and w_down [E, H, I]: both tensors of one dtype, or both QWeights;
+    bias None or float32 ([E, 2I], [E, H]) with contiguous rows."""
     quant = isinstance(wgu, QWeight)
     parts = _parts(wgu) + _parts(wd)
+    if bias is not None:
+        E, I2, Hg = wgu.shape
+        b_ok = all(b.device.type == "cpu" and b.dtype == torch.float32 and b.dim() == 2 and b.stride(1) == 1
+                   for b in bias) and (tuple(bias[0].shape), tuple(bias[1].shape)) == ((E, I2), (E, Hg))
+        if not b_ok:
+            got = ", ".join(f"{b.dtype} {list(b.shape)} {b.stride()}" for b in bias)
+            raise ValueError(f"CPUExecutor: biases must be float32 [E, 2I] and [E, H] on the CPU; got {got}")
     (E, I2, Hg), (Ed, Hd, I) = (tuple(wgu.shape), tuple(wd.shape)) if all(
         t.dim() == 3 for t in parts) else ((0, 0, 0), (0, 0, 0))
     for ok, what in [
@@ -154,8 +180,8 @@ def _check_banks(wgu, wd, H: int | None = None) -> None:
             raise ValueError(f"CPUExecutor: {what}; got (dtype shape strides) {got}")
 
 
-def _check(x, wgu, wd, ids, weights, out) -> None:
-    _check_banks(wgu, wd, x.shape[1] if x.dim() == 2 else -1)
+def _check(x, wgu, wd, ids, weights, out, bias) -> None:
+    _check_banks(wgu, wd, x.shape[1] if x.dim() == 2 else -1, bias)
     T = x.shape[0]
     for ok, what in [
         (all(t.device.type == "cpu" for t in (x, ids, weights, out)), "tensors must be on the CPU"),
@@ -231,10 +257,11 @@ class CPUExecutor:
         dt = w if isinstance(w, torch.dtype) else w.dtype
         return 0 if self.backend == "avx512_bf16" and dt == torch.bfloat16 else 1  # DP_BF16: bf16 weights
 
-    def submit(self, x, w_gate_up, w_down, ids, weights, out) -> CPUFuture:
+    def submit(self, x, w_gate_up, w_down, ids, weights, out, act: ExpertAct = SILU,
+               bias: ExpertBias | None = None) -> CPUFuture:
         """Start out[T, H] = sum_k weights * FFN_ids(x); returns at once (see ref.moe_experts).
         The banks are tensors [E, 2I, H] / [E, H, I] or QWeights of those shapes."""
-        _check(x, w_gate_up, w_down, ids, weights, out)
+        _check(x, w_gate_up, w_down, ids, weights, out, bias)
         E = w_gate_up.shape[0]
         if self.backend == "torch":
             try:  # same contract as the pool: a failure surfaces from wait()
@@ -242,7 +269,7 @@ class CPUExecutor:
                     raise IndexError(f"expert ids must be in [-1, {E})")
                 t0 = time.perf_counter()
                 xc = x.float() if isinstance(w_gate_up, QWeight) else x.to(w_gate_up.dtype)  # as the C++ paths
-                out.copy_(ref.moe_experts(xc, w_gate_up, w_down, ids, weights))
+                out.copy_(ref.moe_experts(xc, w_gate_up, w_down, ids, weights, act, bias))
             except Exception as e:
                 return CPUFuture(None, None, (), e)
             return CPUFuture(None, None, (), seconds=time.perf_counter() - t0)
@@ -250,13 +277,14 @@ class CPUExecutor:
             raise RuntimeError("CPUExecutor is closed")
         xa = x.to(self.act_dtype(w_gate_up)).contiguous()  # activations
         ids, weights = ids.contiguous(), weights.contiguous()
+        b_gu, b_d = bias or (None, None)
         job = self._lib.ftmoe_submit(
-            self._pool, xa.data_ptr(), _mat(w_gate_up), _mat(w_down), ids.data_ptr(), weights.data_ptr(),
+            self._pool, xa.data_ptr(), _mat(w_gate_up, b_gu), _mat(w_down, b_d), ids.data_ptr(), weights.data_ptr(),
             out.data_ptr(), x.shape[0], x.shape[1], w_down.shape[2], E, ids.shape[1],
-            int(ids.dtype == torch.int64), self._mode(w_gate_up))
+            int(ids.dtype == torch.int64), self._mode(w_gate_up), _act(act))
         if not job:
             raise MemoryError("CPU expert executor: could not allocate the job's buffers")
-        return CPUFuture(self._lib, job, (xa, w_gate_up, w_down, ids, weights, out))
+        return CPUFuture(self._lib, job, (xa, w_gate_up, w_down, ids, weights, out, bias))
 
     def act_dtype(self, w) -> torch.dtype:
         """The activation dtype the C++ path reads for banks w (a tensor, a QWeight, or a dtype):
@@ -264,28 +292,32 @@ class CPUExecutor:
         return torch.bfloat16 if self._mode(w) == 0 else torch.float32
 
     def poller(self, flags: torch.Tensor, nfill: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
-               weights: torch.Tensor, out: torch.Tensor, gate_up: list, down: list) -> "Poller":
+               weights: torch.Tensor, out: torch.Tensor, gate_up: list, down: list, act: ExpertAct = SILU,
+               biases: list | None = None) -> "Poller":
         """Serve a CUDA graph's CPU branch: see cpu_moe.cpp's Poller. flags: int32 [go, done,
         fill]; nfill: int64 [1]; x [Tmax, H] (act_dtype), ids [Tmax, K] int64, weights [Tmax, K]
         fp32, out [Tmax, H] fp32, all in pinned memory; gate_up / down are the per-layer banks,
-        tensors [E, 2I, H] / [E, H, I] or QWeights."""
+        tensors [E, 2I, H] / [E, H, I] or QWeights; biases the per-layer ExpertBias, or None."""
         if self._pool is None:
             raise RuntimeError("the in-graph CPU branch needs the C++ executor")
-        for wgu, wd in zip(gate_up, down, strict=True):
-            _check_banks(wgu, wd, x.shape[1])
+        biases = biases or [None] * len(gate_up)
+        for wgu, wd, b in zip(gate_up, down, biases, strict=True):
+            _check_banks(wgu, wd, x.shape[1], b)
         mode = self._mode(gate_up[0])
         assert {self._mode(w) for w in gate_up} == {mode}, "one kernel family serves every layer"
         assert x.dtype == self.act_dtype(gate_up[0]) and ids.dtype == torch.int64 and out.dtype == torch.float32
         assert flags.dtype == torch.int32 and flags.numel() == 3 and nfill.dtype == torch.int64
-        mats = _Mat * len(gate_up)
+        mats, none = _Mat * len(gate_up), (None, None)
         handle = self._lib.ftmoe_poller_start(
             self._pool, flags.data_ptr(), nfill.data_ptr(), x.data_ptr(), ids.data_ptr(), weights.data_ptr(),
-            out.data_ptr(), mats(*map(_mat, gate_up)), mats(*map(_mat, down)), len(gate_up), x.shape[1],
-            down[0].shape[2], gate_up[0].shape[0], ids.shape[1], mode)
-        return Poller(self._lib, handle, (flags, nfill, x, ids, weights, out, gate_up, down))
+            out.data_ptr(), mats(*(_mat(w, (b or none)[0]) for w, b in zip(gate_up, biases))),
+            mats(*(_mat(w, (b or none)[1]) for w, b in zip(down, biases))), len(gate_up), x.shape[1],
+            down[0].shape[2], gate_up[0].shape[0], ids.shape[1], mode, _act(act))
+        return Poller(self._lib, handle, (flags, nfill, x, ids, weights, out, gate_up, down, biases))
 
-    def run(self, x, w_gate_up, w_down, ids, weights, out) -> None:
-        self.submit(x, w_gate_up, w_down, ids, weights, out).wait()
+    def run(self, x, w_gate_up, w_down, ids, weights, out, act: ExpertAct = SILU,
+            bias: ExpertBias | None = None) -> None:
+        self.submit(x, w_gate_up, w_down, ids, weights, out, act, bias).wait()
 
     def close(self) -> None:
         """Finish queued jobs and join the workers."""

@@ -4,8 +4,9 @@ routes, as grouped GEMMs over the routes sorted by slot.
 A program takes up to BLOCK_M routes of one slot and a block of output rows, dequantizes the
 weight tiles in registers exactly as QWeight.dequant does, rounds them to x's dtype (the
 reference's W) and multiplies on the tensor cores (tl.dot, fp32 accumulation). A computes
-h = silu(x Wg^T) * (x Wu^T) per route in x's dtype, B weights[t, k] * (h Wd^T) per route in fp32,
-summed over k in a fixed order (deterministic, no atomics). Routes of slot -1 contribute 0.
+h = act(x Wg^T + bg, x Wu^T + bu) per route in x's dtype, B weights[t, k] * (h Wd^T + bd) per
+route in fp32, summed over k in a fixed order (deterministic, no atomics). Routes of slot -1
+contribute 0. act is kernels.ref.ExpertAct; the biases are optional.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.quant import QWeight
+from kernels.ref import SILU, ExpertAct, ExpertBias
 
 
 @triton.jit
@@ -23,6 +25,16 @@ def e2m1(c):
     """E2M1 of the low nibble of c, times 2**-126: the nibble's sign, exponent and mantissa bits
     placed as a float32's (exponent 0 is the subnormal 0.5 * 2**-126, as E2M1's is 0.5)."""
     return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def gated(g, u, alpha, limit, shift, CLAMP: tl.constexpr):
+    """kernels.ref.ExpertAct in fp32: g * sigmoid(alpha g) * (u + shift), g and u clamped at
+    limit first when CLAMP (alpha 1, shift 0, no CLAMP: silu(g) * u)."""
+    if CLAMP:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    return g / (1.0 + tl.exp(-alpha * g)) * (u + shift)
 
 
 @triton.jit
@@ -73,9 +85,11 @@ def _tile_routes(tile_ptr, order_ptr, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _gate_up_gemm(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, tile_ptr,
-                  order_ptr, h_ptr, H, I, K, sx_t, FMT: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, GK: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                  order_ptr, h_ptr, b_ptr, sb_s, H, I, K, sx_t, alpha, limit, shift,
+                  FMT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GK: tl.constexpr,
+                  PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, BIAS: tl.constexpr,
+                  CLAMP: tl.constexpr):
     pos, mp, route, slot = _tile_routes(tile_ptr, order_ptr, BLOCK_M)
     j = tl.arange(0, 2 * BLOCK_N)                        # gate and up rows interleaved
     offs_n = tl.program_id(1) * BLOCK_N + j // 2
@@ -90,8 +104,10 @@ def _gate_up_gemm(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r
         wt = _w_tile(q_ptr, s_ptr, z_ptr, rows, mn, k0, H, sq_r, ss_r, sz_r, FMT, BN, BK, GK,
                      BLOCK_K, EVEN_K).to(x_ptr.dtype.element_ty)
         acc = tl.dot(xt, tl.trans(wt), acc, input_precision=PREC)
+    if BIAS:
+        acc += tl.load(b_ptr + slot * sb_s + rows, mask=mn, other=0.0)[None, :]
     g, u = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
-    h = g / (1.0 + tl.exp(-g)) * u                       # silu(gate) * up, [BLOCK_M, BLOCK_N]
+    h = gated(g, u, alpha, limit, shift, CLAMP)          # [BLOCK_M, BLOCK_N]
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(h_ptr + pos[:, None] * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=mp[:, None] & (offs_n < I)[None, :])
@@ -99,9 +115,9 @@ def _gate_up_gemm(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r
 
 @triton.jit
 def _down_gemm(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, tile_ptr,
-               order_ptr, rw_ptr, y_ptr, H, I, FMT: tl.constexpr, BN: tl.constexpr,
+               order_ptr, rw_ptr, y_ptr, b_ptr, sb_s, H, I, FMT: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, GK: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, BIAS: tl.constexpr):
     pos, mp, route, slot = _tile_routes(tile_ptr, order_ptr, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mn = offs_n < H
@@ -114,9 +130,24 @@ def _down_gemm(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, t
         wt = _w_tile(q_ptr, s_ptr, z_ptr, offs_n, mn, k0, I, sq_r, ss_r, sz_r, FMT, BN, BK, GK,
                      BLOCK_K, EVEN_K).to(h_ptr.dtype.element_ty)
         acc = tl.dot(ht, tl.trans(wt), acc, input_precision=PREC)
+    if BIAS:
+        acc += tl.load(b_ptr + slot * sb_s + offs_n, mask=mn, other=0.0)[None, :]
     wt_r = tl.load(rw_ptr + route, mask=mp, other=0.0).to(tl.float32)
     tl.store(y_ptr + route[:, None] * H + offs_n[None, :], acc * wt_r[:, None],
              mask=mp[:, None] & mn[None, :])
+
+
+def act_args(act: ExpertAct) -> tuple[tuple[float, float, float], bool]:
+    """(alpha, limit, shift) kernel arguments and the CLAMP constexpr of an activation."""
+    return (float(act.alpha), 0.0 if act.limit is None else float(act.limit), float(act.shift)), act.limit is not None
+
+
+def bias_args(bias: ExpertBias | None, x: torch.Tensor) -> tuple[tuple, tuple]:
+    """(pointer, slot stride) of the gate_up and of the down bias (x as a stand-in without)."""
+    if bias is None:
+        return (x, 0), (x, 0)
+    assert all(b.dtype == torch.float32 and b.stride(1) == 1 for b in bias)
+    return tuple((b, b.stride(0)) for b in bias)
 
 
 def _parts(w: QWeight, block_k: int) -> tuple[tuple, dict]:
@@ -144,13 +175,11 @@ def _tiles(slots: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight, w_down: QWeight, slots: torch.Tensor,
-                     weights: torch.Tensor, act: str = "silu",
+                     weights: torch.Tensor, act: ExpertAct = SILU, bias: ExpertBias | None = None,
                      blocks: tuple[int, int, int, int, int] = (64, 64, 64, 64, 64)) -> torch.Tensor:
     """ref.moe_experts for QWeight experts: x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I];
-    slots [T, K] (-1 = elsewhere); weights [T, K] -> [T, H] float32. blocks = (BLOCK_M,
-    BLOCK_N, BLOCK_K of A, BLOCK_N, BLOCK_K of B)."""
-    if act != "silu":
-        raise ValueError(f"unknown expert activation {act!r}")
+    slots [T, K] (-1 = elsewhere); weights [T, K]; act and bias as the reference takes them ->
+    [T, H] float32. blocks = (BLOCK_M, BLOCK_N, BLOCK_K of A, BLOCK_N, BLOCK_K of B)."""
     T, H = x.shape
     K, I = slots.shape[1], w_down.shape[2]
     assert tuple(w_gate_up.shape[1:]) == (2 * I, H) and w_down.shape[1] == H and x.stride(1) == 1
@@ -160,12 +189,13 @@ def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight, w_down: QWeight, slots
     if len(tiles):
         prec = "ieee" if x.dtype == torch.float32 else "tf32"            # fp32: no TF32 rounding
         h = torch.empty(T * K, I, dtype=x.dtype, device=x.device)      # by sorted position
+        (b_gu, b_d), (a, clamp) = bias_args(bias, x), act_args(act)
         parts, fmt = _parts(w_gate_up, bk)
         _gate_up_gemm[(len(tiles), triton.cdiv(I, bn))](
-            x, *parts, tiles, order, h, H, I, K, x.stride(0), **fmt, PREC=prec, BLOCK_M=bm,
-            BLOCK_N=bn, BLOCK_K=bk, EVEN_K=H % bk == 0)
+            x, *parts, tiles, order, h, *b_gu, H, I, K, x.stride(0), *a, **fmt, PREC=prec, BLOCK_M=bm,
+            BLOCK_N=bn, BLOCK_K=bk, EVEN_K=H % bk == 0, BIAS=bias is not None, CLAMP=clamp)
         parts, fmt = _parts(w_down, bk2)
         _down_gemm[(len(tiles), triton.cdiv(H, bn2))](
-            h, *parts, tiles, order, weights.reshape(-1).contiguous(), y, H, I, **fmt, PREC=prec,
-            BLOCK_M=bm, BLOCK_N=bn2, BLOCK_K=bk2, EVEN_K=I % bk2 == 0)
+            h, *parts, tiles, order, weights.reshape(-1).contiguous(), y, *b_d, H, I, **fmt, PREC=prec,
+            BLOCK_M=bm, BLOCK_N=bn2, BLOCK_K=bk2, EVEN_K=I % bk2 == 0, BIAS=bias is not None)
     return y.view(T, K, H).sum(1)

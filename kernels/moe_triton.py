@@ -1,9 +1,10 @@
 """Decode-time routed-expert FFN (Triton): the semantics of kernels.ref.moe_experts for small T.
 
 Two memory-bound GEMV kernels read each expert's weights straight from the slot pool (strided
-views, never copied): A computes the activated intermediate h[r] = silu(x Wg^T) * (x Wu^T) per
-route r = (t, k) into a [T*K, I] fp32 buffer, B computes weights[t, k] * (h[r] Wd^T) per route
-into [T*K, H] fp32 partials, summed over k in a fixed order (deterministic, no atomics).
+views, never copied): A computes the activated intermediate h[r] = act(x Wg^T + bg, x Wu^T + bu)
+per route r = (t, k) into a [T*K, I] fp32 buffer, B computes weights[t, k] * (h[r] Wd^T + bd) per
+route into [T*K, H] fp32 partials, summed over k in a fixed order (deterministic, no atomics).
+act is kernels.ref.ExpertAct (SwiGLU, or gpt-oss's clamped one); the biases are optional.
 A weight is a plain [S, N, K] tensor, rounded to x's dtype as the reference does, or a QWeight
 (kernels/quant.py) dequantized in registers (not rounded: at least as exact as the reference);
 every product is accumulated in fp32.
@@ -18,8 +19,9 @@ import triton
 import triton.language as tl
 
 from kernels import ref
-from kernels.moe_gemm_triton import e2m1, moe_experts_gemm
+from kernels.moe_gemm_triton import act_args, bias_args, e2m1, gated, moe_experts_gemm
 from kernels.quant import FORMATS, QWeight, quantize
+from kernels.ref import SILU, ExpertAct, ExpertBias
 
 _MX = tl.constexpr(2.0 ** 63)      # mxfp4: x is scaled by it, the block scale by 2**63 / 2**126
 
@@ -137,9 +139,9 @@ def _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, 
 
 @triton.jit
 def _gate_up_kernel(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, slot_ptr,
-                    h_ptr, H, I, K, sx_t, FMT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    GK: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
-                    EVEN_K: tl.constexpr):
+                    h_ptr, b_ptr, sb_s, H, I, K, sx_t, alpha, limit, shift, FMT: tl.constexpr,
+                    BN: tl.constexpr, BK: tl.constexpr, GK: tl.constexpr, BLOCK_I: tl.constexpr,
+                    BLOCK_H: tl.constexpr, EVEN_K: tl.constexpr, BIAS: tl.constexpr, CLAMP: tl.constexpr):
     r, ib = tl.program_id(0), tl.program_id(1)           # route r = t*K + k, block of I rows
     slot = tl.load(slot_ptr + r).to(tl.int64)
     j = tl.arange(0, 2 * BLOCK_I)                        # gate and up rows interleaved
@@ -153,17 +155,20 @@ def _gate_up_kernel(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz
     for h0 in range(0, H, BLOCK_H):
         acc += _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mi, h0, H, sq_r, ss_r, sz_r,
                          x_ptr.dtype.element_ty, FMT, BN, BK, GK, BLOCK_H, EVEN_K)
-    g, u = tl.split(tl.reshape(tl.sum(acc, axis=1), [BLOCK_I, 2]))
-    h = g / (1.0 + tl.exp(-g)) * u                       # silu(gate) * up, [BLOCK_I]
+    gu = tl.sum(acc, axis=1)
+    if BIAS:
+        gu += tl.load(b_ptr + slot * sb_s + rows, mask=mi, other=0.0)
+    g, u = tl.split(tl.reshape(gu, [BLOCK_I, 2]))
+    h = gated(g, u, alpha, limit, shift, CLAMP)          # [BLOCK_I]
     offs_i = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     tl.store(h_ptr + r * I + offs_i, h, mask=offs_i < I)
 
 
 @triton.jit
 def _down_kernel(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, slot_ptr, rw_ptr,
-                 y_ptr, H, I, XDT: tl.constexpr, FMT: tl.constexpr, BN: tl.constexpr,
+                 y_ptr, b_ptr, sb_s, H, I, XDT: tl.constexpr, FMT: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, GK: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr,
-                 EVEN_K: tl.constexpr):
+                 EVEN_K: tl.constexpr, BIAS: tl.constexpr):
     r, ob = tl.program_id(0), tl.program_id(1)           # route, block of H output rows
     slot = tl.load(slot_ptr + r).to(tl.int64)
     live = slot >= 0
@@ -176,7 +181,10 @@ def _down_kernel(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r,
     for i0 in range(0, I, BLOCK_I):                      # h: fp32 [T*K, I]
         acc += _row_dots(h_ptr + r * I, q_ptr, s_ptr, z_ptr, offs_o, mo, i0, I, sq_r, ss_r,
                          sz_r, XDT, FMT, BN, BK, GK, BLOCK_I, EVEN_K)
-    tl.store(y_ptr + r * H + offs_o, tl.sum(acc, axis=1) * wt, mask=offs_o < H)
+    y = tl.sum(acc, axis=1)
+    if BIAS:
+        y += tl.load(b_ptr + slot * sb_s + offs_o, mask=mo, other=0.0)
+    tl.store(y_ptr + r * H + offs_o, y * wt, mask=offs_o < H)
 
 
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -213,16 +221,15 @@ def _weight_args(w: torch.Tensor | QWeight, block_k: int) -> tuple[tuple, dict]:
 
 
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torch.Tensor | QWeight,
-                slots: torch.Tensor, weights: torch.Tensor, act: str = "silu",
+                slots: torch.Tensor, weights: torch.Tensor, act: ExpertAct = SILU, bias: ExpertBias | None = None,
                 blocks: tuple[int, int, int, int] | None = None, reduce: bool = True,
                 num_warps: int | None = None) -> torch.Tensor:
     """x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I]: slot-strided views (inner dims
-    contiguous) or QWeights of such views; slots [T, K] (-1 = elsewhere); weights [T, K] ->
-    [T, H] float32 (without reduce: the weighted routes [T, K, H], for a consumer that sums
-    them itself). blocks = (BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B and
-    num_warps (each by default: BLOCKS of the gate_up format)."""
-    if act != "silu":
-        raise ValueError(f"unknown expert activation {act!r}")
+    contiguous) or QWeights of such views; slots [T, K] (-1 = elsewhere); weights [T, K]; act
+    and bias as kernels.ref.moe_experts takes them -> [T, H] float32 (without reduce: the
+    weighted routes [T, K, H], for a consumer that sums them itself). blocks = (BLOCK_I,
+    BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B and num_warps (each by default: BLOCKS
+    of the gate_up format)."""
     T, H = x.shape
     K, I = slots.shape[1], w_down.shape[2]
     if T * K == 0:
@@ -234,28 +241,29 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
     tuned, warps = BLOCKS[_fmt(w_gate_up)]
     bi, bh, bo, bi2 = blocks or tuned
     num_warps = num_warps or warps
+    (b_gu, b_d), (a, clamp) = bias_args(bias, x), act_args(act)
     parts, fmt = _weight_args(w_gate_up, bh)
     _gate_up_kernel[(T * K, triton.cdiv(I, bi))](
-        x, *parts, slots, h, H, I, K, x.stride(0), **fmt, BLOCK_I=bi, BLOCK_H=bh,
-        EVEN_K=H % bh == 0, num_warps=num_warps)
+        x, *parts, slots, h, *b_gu, H, I, K, x.stride(0), *a, **fmt, BLOCK_I=bi, BLOCK_H=bh,
+        EVEN_K=H % bh == 0, BIAS=bias is not None, CLAMP=clamp, num_warps=num_warps)
     parts, fmt = _weight_args(w_down, bi2)
     _down_kernel[(T * K, triton.cdiv(H, bo))](
-        h, *parts, slots, weights, y, H, I, XDT=_TL[x.dtype], **fmt, BLOCK_O=bo, BLOCK_I=bi2,
-        EVEN_K=I % bi2 == 0, num_warps=num_warps)
+        h, *parts, slots, weights, y, *b_d, H, I, XDT=_TL[x.dtype], **fmt, BLOCK_O=bo, BLOCK_I=bi2,
+        EVEN_K=I % bi2 == 0, BIAS=bias is not None, num_warps=num_warps)
     return y.view(T, K, H).sum(1) if reduce else y.view(T, K, H)
 
 
 def moe_experts_auto(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight,
                      w_down: torch.Tensor | QWeight, slots: torch.Tensor, weights: torch.Tensor,
-                     act: str = "silu", reduce: bool = True) -> torch.Tensor:
+                     act: ExpertAct = SILU, bias: ExpertBias | None = None, reduce: bool = True) -> torch.Tensor:
     """On CUDA the GEMV kernels for decode-sized batches (T*K <= 64), the grouped GEMMs for more
     routes over quantized experts; the reference otherwise. Both of the latter always return the
     sum over the routes, whatever reduce asks."""
     if x.is_cuda and slots.numel() <= 64:
-        return moe_experts(x, w_gate_up, w_down, slots, weights, act, reduce=reduce)
+        return moe_experts(x, w_gate_up, w_down, slots, weights, act, bias, reduce=reduce)
     if x.is_cuda and isinstance(w_gate_up, QWeight) and isinstance(w_down, QWeight):
-        return moe_experts_gemm(x, w_gate_up, w_down, slots, weights, act)
-    return ref.moe_experts(x, w_gate_up, w_down, slots, weights, act)
+        return moe_experts_gemm(x, w_gate_up, w_down, slots, weights, act, bias)
+    return ref.moe_experts(x, w_gate_up, w_down, slots, weights, act, bias)
 
 
 def bench_moe(T: int = 1, K: int = 8, H: int = 2048, I: int = 768, S: int = 512,

@@ -2,18 +2,36 @@
 C++ versions are tested against it, and it is also the path used where no kernel applies."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from kernels.quant import QWeight
 
 
-def act_and_mul(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
+@dataclass(frozen=True)
+class ExpertAct:
+    """The gated activation of a routed expert: h = g * sigmoid(alpha * g) * (u + shift) for its
+    gate g and up u, with g clamped from above and u on both sides at `limit` first (None: no
+    clamp). The defaults are SwiGLU's silu(g) * u; gpt-oss's clamped SwiGLU is (1.702, 7.0, 1.0)."""
+    alpha: float = 1.0
+    limit: float | None = None
+    shift: float = 0.0
+
+
+SILU = ExpertAct()
+ExpertBias = tuple  # (gate_up bias [S, 2I], down bias [S, H]), float32, or None: no biases
+
+
+def act_and_mul(gate_up: torch.Tensor, act: ExpertAct = SILU) -> torch.Tensor:
     """[N, 2I] with gate columns first, then up -> [N, I]."""
     gate, up = gate_up.chunk(2, dim=-1)
-    if act == "silu":
+    if act == SILU:
         return F.silu(gate) * up
-    raise ValueError(f"unknown expert activation {act!r}")
+    if act.limit is not None:
+        gate, up = gate.clamp(max=act.limit), up.clamp(-act.limit, act.limit)
+    return gate * torch.sigmoid(gate * act.alpha) * (up + act.shift)
 
 
 def expert_weight(w: torch.Tensor | QWeight, slot: int, dtype: torch.dtype) -> torch.Tensor:
@@ -22,14 +40,16 @@ def expert_weight(w: torch.Tensor | QWeight, slot: int, dtype: torch.dtype) -> t
 
 
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torch.Tensor | QWeight,
-                slots: torch.Tensor, weights: torch.Tensor, act: str = "silu") -> torch.Tensor:
+                slots: torch.Tensor, weights: torch.Tensor, act: ExpertAct = SILU,
+                bias: ExpertBias | None = None) -> torch.Tensor:
     """Weighted sum of routed expert FFNs.
 
     x [T, H]; w_gate_up [S, 2I, H]; w_down [S, H, I] (S = slots of a GPU pool or experts of a
     host bank), tensors or QWeights of those shapes; slots [T, K] integer, -1 = this route is
-    computed elsewhere; weights [T, K].
-    Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]), with each
-    weight rounded to x's dtype (a quantized one dequantized first).
+    computed elsewhere; weights [T, K]; bias: the slots' gate_up and down biases, or None.
+    Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]), where
+    FFN(x) = act(x Wgu^T + bgu) Wd^T + bd, with each weight and bias rounded to x's dtype (a
+    quantized weight dequantized first).
     """
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
     flat = slots.reshape(-1)
@@ -42,45 +62,73 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
         start += n
         if s < 0:  # routes computed elsewhere
             continue
-        h = act_and_mul(x[t] @ expert_weight(w_gate_up, s, x.dtype).t(), act)
-        y = (h @ expert_weight(w_down, s, x.dtype).t()) * w[idx, None]
+        gu = x[t] @ expert_weight(w_gate_up, s, x.dtype).t()
+        if bias is not None:
+            gu = gu + bias[0][s].to(x.dtype)
+        y = act_and_mul(gu, act) @ expert_weight(w_down, s, x.dtype).t()
+        if bias is not None:
+            y = y + bias[1][s].to(x.dtype)
+        y = y * w[idx, None]
         out.index_add_(0, t, y.float())
     return out
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     page_table: torch.Tensor, q_lens: list[int], ctx_lens: list[int],
-                    scale: float, window: int | None = None) -> torch.Tensor:
+                    scale: float, window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of new tokens over paged KV.
 
     q [T, Hq, D] (sequences' new tokens back to back); k_pool, v_pool [P, page, Hkv, D] already
     hold the new tokens' keys; page_table [B, max_pages]; q_lens, ctx_lens per sequence (new
     tokens, total tokens). The i-th new token of a sequence sits at position ctx - q_len + i.
+    window: a query sees only the `window` latest positions up to its own (pages wholly before
+    every query's window are never read); sinks [Hq]: a logit per head that joins each softmax's
+    denominator with no value (gpt-oss).
     """
     page = k_pool.shape[1]
     out, start = [], 0
     for b, (ql, ctx) in enumerate(zip(q_lens, ctx_lens)):
-        pages = page_table[b, :(ctx + page - 1) // page].long()
-        k = k_pool[pages].flatten(0, 1)[:ctx].transpose(0, 1)  # [Hkv, ctx, D]
-        v = v_pool[pages].flatten(0, 1)[:ctx].transpose(0, 1)
-        qb = q[start:start + ql].transpose(0, 1)                 # [Hq, ql, D]
+        lo = max(0, ctx - ql - window + 1) // page * page if window else 0  # first key read
+        pages = page_table[b, lo // page:(ctx + page - 1) // page].long()
+        k = k_pool[pages].flatten(0, 1)[:ctx - lo].transpose(0, 1)  # [Hkv, ctx - lo, D]
+        v = v_pool[pages].flatten(0, 1)[:ctx - lo].transpose(0, 1)
+        qb = q[start:start + ql].transpose(0, 1)                      # [Hq, ql, D]
         start += ql
         mask = None
         if ql > 1 or window:
             qpos = torch.arange(ctx - ql, ctx, device=q.device)[:, None]
-            kpos = torch.arange(ctx, device=q.device)[None, :]
+            kpos = torch.arange(lo, ctx, device=q.device)[None, :]
             mask = kpos <= qpos
             if window:
                 mask &= kpos > qpos - window
         # 4-D inputs (a batch of 1), and with a mask K/V expanded to every query head: the fused
         # kernels take nothing else, and the math fallback materialises [heads, T, ctx] scores
         gqa = k.shape[0] != qb.shape[0]
-        if mask is not None and gqa:
+        if (mask is not None or sinks is not None) and gqa:
             k, v, gqa = *(t.repeat_interleave(qb.shape[0] // t.shape[0], 0) for t in (k, v)), False
+        if sinks is not None:
+            qb, k, v, mask = _sink_key(qb, k, v, mask, sinks, scale)
         o = F.scaled_dot_product_attention(qb[None], k[None], v[None], attn_mask=mask, scale=scale,
                                            enable_gqa=gqa)[0]
         out.append(o.transpose(0, 1))
     return torch.cat(out, dim=0)
+
+
+def _sink_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              sinks: torch.Tensor, scale: float):
+    """Attention sinks as one more key per head, seen by every query, whose score is the head's
+    sink logit and whose value is zero, so it only adds exp(sink) to the softmax's denominator.
+    q [H, n, D] and k [H, m, D] gain 8 dims (fused kernels want widths in multiples of 8): q's
+    first is 1, the real keys' 0 (their scores do not change), the sink key's sink / scale."""
+    H, n, D = q.shape
+    q = torch.cat((q, F.pad(torch.ones(H, n, 1, dtype=q.dtype, device=q.device), (0, 7))), dim=-1)
+    sink = torch.zeros(H, 1, D + 8, dtype=k.dtype, device=k.device)
+    sink[:, 0, D] = sinks.float() / scale
+    k = torch.cat((F.pad(k, (0, 8)), sink), dim=1)
+    v = torch.cat((v, v.new_zeros(H, 1, v.shape[-1])), dim=1)
+    if mask is not None:
+        mask = F.pad(mask, (0, 1), value=True)
+    return q, k, v, mask
 
 
 def latent_attention(q: torch.Tensor, latent_pool: torch.Tensor, page_table: torch.Tensor,

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import tiny  # noqa: E402
 
 ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "deepseek_v2", "glm4_moe", "qwen3_next",
-         "qwen3_5_moe"]
+         "qwen3_5_moe", "gpt_oss"]
 
 
 def pytest_addoption(parser):

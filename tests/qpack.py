@@ -1,9 +1,10 @@
 """Quantized checkpoints for tests, written from each format's published description (a second
 reading, independent of engine/formats): per format a packer W [N, K] -> (the checkpoint's
 tensors for that weight, the weight they dequantize to by the format's own formula), and
-`build` for a tiny qwen3_moe checkpoint whose routed experts (and, where the format quantizes
-them in real releases, attention projections) are quantized, with the transformers fp32 model
-carrying exactly the dequantized weights as the reference."""
+`build` for a tiny qwen3_moe checkpoint (gpt_oss for "mxfp4-gpt_oss", in the layout gpt-oss ships)
+whose routed experts (and, where the format quantizes them in real releases, attention
+projections) are quantized, with the transformers fp32 model carrying exactly the dequantized
+weights as the reference."""
 from __future__ import annotations
 
 import json
@@ -117,7 +118,7 @@ def mxfp4(w: torch.Tensor):
     return {"blocks": blocks, "scales": (e + 127).to(torch.uint8)}, back
 
 
-METHODS = ("fp8", "gptq", "gptq8", "awq", "compressed", "compressed-asym", "mxfp4")
+METHODS = ("fp8", "gptq", "gptq8", "awq", "compressed", "compressed-asym", "mxfp4", "mxfp4-gpt_oss")
 
 
 def quantize_weight(method: str, w: torch.Tensor) -> tuple[dict, torch.Tensor]:
@@ -147,6 +148,10 @@ def quantization_config(method: str) -> dict:
     if method == "mxfp4":
         return {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "mlp.gate",
                                                                     "embed_tokens", "lm_head"]}
+    if method == "mxfp4-gpt_oss":  # as gpt-oss-20b / 120b ship it
+        return {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                    "model.layers.*.mlp.router",
+                                                                    "model.embed_tokens", "lm_head"]}
     return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
             "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
                 "num_bits": 4, "type": "int", "symmetric": method == "compressed", "strategy": "group",
@@ -155,19 +160,22 @@ def quantization_config(method: str) -> dict:
 
 
 def build(method: str, out: Path, seed: int = 0, **kw):
-    """A tiny qwen3_moe checkpoint at `out` quantized by `method` (kw: config overrides); returns
-    the transformers fp32 model holding exactly the weights the checkpoint dequantizes to."""
+    """A tiny qwen3_moe (or gpt_oss) checkpoint at `out` quantized by `method` (kw: config
+    overrides); returns the transformers fp32 model holding exactly the weights the checkpoint
+    dequantizes to."""
     from safetensors.torch import save_file
-    ref = tiny.build("qwen3_moe", out, seed=seed, **kw)
+    oss = method == "mxfp4-gpt_oss"
+    ref = tiny.build("gpt_oss" if oss else "qwen3_moe", out, seed=seed, **kw)
     tensors = {}
     with torch.no_grad():
         for name, p in ref.named_parameters():
             layer = name.split(".")[2] if name.startswith("model.layers.") else None
             if name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
-                if method == "mxfp4":  # fused [E, N, K], as a qwen3_moe checkpoint saved fused
-                    t, back = mxfp4(p.data)
+                if method.startswith("mxfp4"):  # fused [E, N, K]: gpt-oss keeps [E, K, N] parameters
+                    w = p.data.transpose(1, 2) if oss else p.data
+                    t, back = mxfp4(w.contiguous())
                     tensors[name + "_blocks"], tensors[name + "_scales"] = t["blocks"], t["scales"]
-                    p.copy_(back)
+                    p.copy_(back.transpose(1, 2) if oss else back)
                     continue
                 inter = p.shape[1] // 2 if name.endswith("gate_up_proj") else None
                 for e in range(p.shape[0]):
@@ -177,7 +185,7 @@ def build(method: str, out: Path, seed: int = 0, **kw):
                         parts, back = quantize_weight(method, w.clone())
                         tensors.update({f"{pre}{proj}{suffix}": t for suffix, t in parts.items()})
                         w.copy_(back)
-            elif method != "mxfp4" and name.endswith("_proj.weight") and ".self_attn." in name:
+            elif not method.startswith("mxfp4") and name.endswith("_proj.weight") and ".self_attn." in name:
                 parts, back = quantize_weight(method, p.data.clone())  # a dense weight, dequantized at convert
                 tensors.update({name.removesuffix(".weight") + suffix: t for suffix, t in parts.items()})
                 p.copy_(back)

@@ -10,7 +10,7 @@ from conftest import greedy, load, prefill_logits
 from test_parity import prompt, rel_err
 from test_policies import POLICIES
 
-NEW_ARCHS = ["deepseek_v3", "deepseek_v2", "glm4_moe"]
+NEW_ARCHS = ["deepseek_v3", "deepseek_v2", "glm4_moe", "gpt_oss"]
 
 
 def reference_tokens(ref, ids: list[int], n: int) -> list[int]:
@@ -95,3 +95,37 @@ def test_correction_bias_stays_float32(tmp_path):
     assert reader.info("model.layers.1.mlp.gate.weight").dtype == torch.bfloat16
     block = load(tmp_path / "ftw").model.moe_blocks()[0]
     assert block.gate.e_score_correction_bias.dtype == torch.float32
+
+
+def test_gpt_oss_sliding_layers_read_only_their_window(tiny_model):
+    """Decoding past the window: the sliding layers' KV in pages wholly before every window is
+    garbage (NaN) and the logits do not change, in prefill chunks and single-token steps; the
+    full-attention layers still read the whole context."""
+    from engine.kv.batch import ForwardBatch
+    runner = load(tiny_model("gpt_oss")[2])
+    cfg, kv, page = runner.cfg, runner.kv, runner.kv.page_size
+    sliding = [i for i in range(cfg.num_layers) if cfg.window(i)]
+    assert sliding and len(sliding) < cfg.num_layers and page < cfg.sliding_window < 64
+    ids = prompt(70, seed=3)
+    want = prefill_logits(runner, ids)
+    pages = kv.alloc(5)
+    got = []
+    for a, b in zip([0, 40, 55] + list(range(56, 70)), [40, 55] + list(range(56, 71))):
+        gone = pages[:max(0, a - cfg.sliding_window + 1) // page]  # before the window of this step's first query
+        for layer in sliding:
+            kv.k[layer, gone] = kv.v[layer, gone] = float("nan")
+        batch = ForwardBatch.build([(ids[a:b], a, pages)], page, runner.device, all_logits=True)
+        got.append(runner.model(batch, kv))
+    assert rel_err(torch.cat(got), want) < 1e-5
+
+
+def test_gpt_oss_synthetic_shape():
+    """--synthetic gpt-oss-120b: the released config's architecture, experts with biases in the
+    slot (bf16 and MXFP4 bytes per MoE layer as the README states them)."""
+    from engine.synthetic import expert_layout, synthetic_config
+    cfg = synthetic_config("gpt-oss-120b", layers=4)
+    assert cfg.moe_layer_ids == [0, 1, 2, 3] and [cfg.window(i) for i in range(4)] == [128, None, 128, None]
+    assert cfg.attention_sinks and cfg.router_bias and cfg.expert_bias and cfg.expert_act.limit == 7.0
+    assert cfg.rope["rope_type"] == "yarn" and cfg.rope["factor"] == 32.0
+    per_layer = {q: expert_layout(cfg, q).slot_bytes * cfg.num_experts / 2**30 for q in (None, ("mxfp4", 32))}
+    assert round(per_layer[None], 2) == 5.94 and round(per_layer["mxfp4", 32], 2) == 1.58

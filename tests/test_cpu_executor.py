@@ -490,3 +490,65 @@ def test_quantized_banks_of_two_formats(ex, pools, gate_up, down):
         out = torch.empty(3, 128)
         e.run(x, gu, dn, ids, w, out)
         assert rel_err(out, ref.moe_experts(x, gu, dn, ids, w)) < 1e-5, e.backend
+
+
+# ---- expert biases and gpt-oss's clamped SwiGLU ----
+
+OSS_ACT = ref.ExpertAct(alpha=1.702, limit=0.9, shift=1.0)  # a limit the test's sums cross
+
+
+def make_bias(H: int, I: int, seed: int = 2):
+    """float32 biases ([E, 2I], [E, H]) as strided views of one bank, as the slot layout holds them."""
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn(E, 2 * I + H + 64, generator=g)
+    return rows[:, :2 * I], rows[:, 2 * I:2 * I + H]
+
+
+@pytest.mark.parametrize("backend", ["default", "avx512", "avx2_fma", "scalar", "torch"])
+@pytest.mark.parametrize("fmt,group", [(None, 0), ("bf16", 0), ("int4", 32), ("int4", 64), ("mxfp4", 32)])
+def test_biases_and_clamped_swiglu_match_reference(ex, pools, ex_torch, backend, fmt, group):
+    """Every path adds the gate_up and down biases and applies the clamped activation (the limit
+    cuts part of the gate and up sums) as the reference does; T > 1 shares experts. None: fp32
+    banks; int4 in blocks of 64 takes the BF16 dot products where the CPU has them (default)."""
+    e = {"default": ex, "torch": ex_torch}.get(backend, pools.get(backend))
+    if e is None:
+        pytest.skip(f"{backend} path not usable on this machine")
+    H, I = 128, 64
+    gu, down = make_qbank(fmt, H, I, group) if group else \
+        make_bank(H, I, torch.bfloat16 if fmt == "bf16" else torch.float32)
+    bias = make_bias(H, I)
+    x, ids, w = make_routes(5, 3, torch.int64, torch.float32, H)
+    want = ref.moe_experts(x, gu, down, ids, w, OSS_ACT, bias)
+    gu_sum = x @ gu.dequant(0).t() if group else x @ gu[0].float().t()
+    assert 0.1 < (gu_sum.abs() > OSS_ACT.limit).float().mean() < 0.9
+    out = torch.full((5, H), float("nan"))
+    e.run(x, gu, down, ids, w, out, OSS_ACT, bias)
+    assert rel_err(out, want) < (1e-2 if fmt == "bf16" else 1e-5)  # bf16: activations rounded
+    assert rel_err(want, ref.moe_experts(x, gu, down, ids, w)) > 0.1  # the options matter
+
+
+def test_poller_applies_biases_and_the_activation(ex):
+    if ex.backend == "torch":
+        pytest.skip("no C++ executor here")
+    H, I, K = 64, 32, 2
+    banks, biases = [make_bank(H, I, torch.float32, seed=s) for s in range(2)], [make_bias(H, I, s) for s in range(2)]
+    x_h = torch.zeros(2, H, dtype=ex.act_dtype(banks[0][0]))
+    buffers = (torch.zeros(3, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), x_h,
+               torch.full((2, K), -1, dtype=torch.int64), torch.zeros(2, K), torch.zeros(2, H))
+    poller = ex.poller(*buffers, [b[0] for b in banks], [b[1] for b in banks], OSS_ACT, biases)
+    try:
+        x, ids, w = make_routes(2, K, torch.int64, torch.float32, H)
+        got = poller_step(*buffers, 1, x, ids, w)
+        assert rel_err(got, ref.moe_experts(x, *banks[1], ids, w, OSS_ACT, biases[1])) < 1e-5
+    finally:
+        poller.close()
+
+
+def test_bias_validation(ex):
+    gu, down = make_bank(64, 32, torch.float32)
+    x, ids, w = make_routes(2, 2, torch.int64, torch.float32, 64)
+    b_gu, b_d = make_bias(64, 32)
+    with pytest.raises(ValueError, match="biases must be float32"):
+        ex.run(x, gu, down, ids, w, torch.empty(2, 64), OSS_ACT, (b_gu.half(), b_d))
+    with pytest.raises(ValueError, match="biases must be float32"):
+        ex.run(x, gu, down, ids, w, torch.empty(2, 64), OSS_ACT, (b_gu[:, :10], b_d))

@@ -1,5 +1,6 @@
 """Quantized checkpoints users have (block FP8, GPTQ 4/8-bit, AWQ, compressed-tensors
-pack-quantized, MXFP4 with fused expert tensors), built and quantized by the test (tests/qpack.py)
+pack-quantized, MXFP4 with fused expert tensors, gpt-oss's MXFP4 release layout), built and
+quantized by the test (tests/qpack.py)
 and converted with --dtype fp32: the engine against transformers' fp32 model on the dequantized
 weights, at full and one-layer expert budgets, under every miss policy, eager and with
 device-resident control."""
@@ -45,7 +46,7 @@ def test_matches_transformers_at_every_budget_and_policy(quantized, method):
     ids = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(7)).tolist()
     want_logits, want = reference(ref, ids, 16)
     full = load(ftw)
-    fmt = {"fp8": "fp8", "mxfp4": "mxfp4", "gptq8": "int8"}.get(method, "int4")
+    fmt = {"fp8": "fp8", "mxfp4": "mxfp4", "mxfp4-gpt_oss": "mxfp4", "gptq8": "int8"}.get(method, "int4")
     assert full.runtime.store.layout.dtype == fmt and full.runtime.store.layout.slot_bytes < 3 * 8 * 1024
     got = prefill_logits(full, ids)
     assert float((got - want_logits).norm() / want_logits.norm()) < 1e-4

@@ -483,6 +483,29 @@ def test_parser_choice():
     assert choose_parsers("auto", "auto", "", "gpt_oss") == ("harmony", "harmony")
 
 
+# the part of gpt-oss's Harmony template that reads the effort (its default: medium)
+EFFORT_TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                   "Reasoning: {{ reasoning_effort | default('medium') }}\nassistant:")
+
+
+def test_reasoning_effort_reaches_the_template(live, monkeypatch):
+    """Chat completions' reasoning_effort and Responses' reasoning.effort become the template's
+    reasoning_effort: Harmony's low / medium / high, the APIs' other levels mapped to the nearest,
+    unset the template's default; anything else is a 400 naming the field."""
+    monkeypatch.setattr(live.tokenizer.tok, "chat_template", EFFORT_TEMPLATE)
+    for effort, level in [("low", "low"), ("high", "high"), ("minimal", "low"), ("xhigh", "high"), (None, "medium")]:
+        n = len(live.tokenizer.chat(USER, reasoning_effort=level))
+        chat = live.http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": USER, "max_tokens": 1, **({"reasoning_effort": effort} if effort else {})})
+        resp = live.http.post("/v1/responses", json={
+            "model": MODEL, "input": USER, "max_output_tokens": 1, **({"reasoning": {"effort": effort}} if effort else {})})
+        assert (chat.json()["usage"]["prompt_tokens"], resp.json()["usage"]["input_tokens"]) == (n, n), effort
+    for path, body, param in [("/v1/chat/completions", {"messages": USER, "reasoning_effort": "max"}, "reasoning_effort"),
+                              ("/v1/responses", {"input": USER, "reasoning": {"effort": "max"}}, "reasoning.effort")]:
+        r = live.http.post(path, json={"model": MODEL, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
 def test_conversions_to_template_messages():
     from engine.server import messages as m
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}

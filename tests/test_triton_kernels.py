@@ -234,6 +234,79 @@ def test_moe_experts_gemm_prefill_shape_gpu(fmt, symmetric):
                                 slots, w.double()).float(), torch.bfloat16)
 
 
+# ---------------------------------------------------------------- expert biases, clamped SwiGLU
+OSS_ACT = ref.ExpertAct(alpha=1.702, limit=0.9, shift=1.0)  # a limit the test's sums cross
+
+
+def _biases(S, H, I, gen):
+    """float32 biases ([S, 2I], [S, H]) as slot-strided views of one pool, as the layout holds them."""
+    rows = (torch.randn(S, 2 * I + H + 64, generator=gen)).to(DEV)
+    return rows[:, :2 * I], rows[:, 2 * I:2 * I + H]
+
+
+@pytest.mark.parametrize("kernel,fmt", [("gemv", "plain"), ("gemv", "mxfp4"), ("gemv", "int4"),
+                                        ("gemm", "mxfp4"), ("gemm", "int4")])  # GEMMs: quantized only
+def test_moe_experts_biases_and_clamped_swiglu_match_ref(kernel, fmt):
+    """gpt-oss's expert options in the decode GEMVs and the prefill grouped GEMMs: biases on
+    gate_up and down, and the clamped activation with (up + 1); dead and shared routes."""
+    gen = torch.Generator().manual_seed(11)
+    T, K, H, I, S = (3 if kernel == "gemv" else 24), 4, 96, 64, 5
+    if fmt == "plain":
+        wgu, wd = _pool_views(S, H, I, torch.float32, gen)
+        dgu, dd = wgu.cpu(), wd.cpu()
+    else:
+        (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 32, True, torch.float16, True, gen)
+    bias = _biases(S, H, I, gen)
+    x = torch.randn(T, H, generator=gen)
+    slots = torch.randint(-1, S, (T, K), generator=gen)
+    slots[0, 0], slots[1, 1] = -1, slots[0, 1]
+    w = torch.rand(T, K, generator=gen)
+    ref32 = ref.moe_experts(x, dgu, dd, slots, w, OSS_ACT, tuple(b.cpu() for b in bias))
+    assert 0.1 < ((x @ dgu[0].t()).abs() > OSS_ACT.limit).float().mean() < 0.9
+    fn = moe_experts if kernel == "gemv" else moe_experts_gemm
+    out = fn(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV), OSS_ACT, bias)
+    _close(out, ref32, torch.float32)
+    assert (out.cpu() - ref.moe_experts(x, dgu, dd, slots, w)).abs().max() > 0.1  # the options matter
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+def test_moe_experts_gpt_oss_shape_gpu(fmt):
+    """gpt-oss-120b's experts (H = I = 2880, not a multiple of the GEMV tiles) with biases and the
+    clamped SwiGLU, bf16 x: the decode GEMVs and, for MXFP4, the prefill grouped GEMMs."""
+    gen = torch.Generator().manual_seed(14)
+    K, H, I, S = 4, 2880, 2880, 6
+    act = ref.ExpertAct(alpha=1.702, limit=7.0, shift=1.0)
+    if fmt == "bf16":
+        wgu, wd = _pool_views(S, H, I, torch.bfloat16, gen)
+        dgu, dd = wgu.double(), wd.double()
+    else:
+        (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 32, True, torch.float16, True, gen)
+        dgu, dd = dgu.to(DEV).double(), dd.to(DEV).double()
+    bias = _biases(S, H, I, gen)
+    for T in (4, 128) if fmt == "mxfp4" else (4,):  # 128 tokens: the grouped GEMMs
+        x = (torch.randn(T, H, generator=gen) * 4).to(torch.bfloat16).to(DEV)
+        slots = torch.randint(-1, S, (T, K), generator=gen).to(DEV)
+        w = torch.rand(T, K, generator=gen).to(DEV)
+        want = ref.moe_experts(x.double(), dgu, dd, slots, w.double(), act, tuple(b.double() for b in bias)).float()
+        _close(moe_experts_auto(x, wgu, wd, slots, w, act, bias), want, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_paged_decode_attention_gpt_oss_shape_gpu():
+    """gpt-oss's attention (64 heads over 8 KV heads of 64 dims, sinks) at long contexts, full and
+    with its 128-token window."""
+    gen = torch.Generator().manual_seed(15)
+    lens = [4096, 1, 300, 129]
+    (q, k, v), pt = _attn_case(4, 64, 8, 64, 16, lens, torch.bfloat16, gen)
+    sinks = (torch.randn(64, generator=gen) * 2).to(torch.bfloat16)
+    for window in (None, 128):
+        out = paged_decode_attention(q.to(DEV), k.to(DEV), v.to(DEV), pt.to(DEV),
+                                     torch.tensor(lens, dtype=torch.int32, device=DEV), 0.125, window, sinks.to(DEV))
+        _close(out, ref.paged_attention(q.float(), k.float(), v.float(), pt, [1] * 4, lens, 0.125, window,
+                                        sinks.float()), torch.bfloat16)
+
+
 # ---------------------------------------------------------------- paged decode attention
 def _attn_case(B, Hq, Hkv, D, page, lens, dtype, gen):
     max_pages = max((c + page - 1) // page for c in lens) + 1
@@ -267,6 +340,49 @@ def test_paged_decode_attention_matches_ref(dtype, B, Hq, Hkv, D, page, lens, n_
     ref32 = ref.paged_attention(q.float(), k.float(), v.float(), pt, [1] * B, lens, scale)
     assert out.dtype == dtype and out.shape == (B, Hq, D)
     _close(out, ref32, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window,sinks,n_split", [(7, False, None), (20, False, 2), (None, True, 3),
+                                                  (20, True, 1), (6, True, 4)])
+def test_paged_decode_attention_window_and_sinks(dtype, window, sinks, n_split):
+    """Sliding windows (shorter and longer than a page, and than some contexts) and attention
+    sinks, with the splits spread over the window: pages wholly before a window are NaN, so
+    reading one fails the test, in the reference as in the kernel."""
+    _need(dtype)
+    gen = torch.Generator().manual_seed(12)
+    B, Hq, Hkv, D, page, lens = 3, 4, 2, 32, 4, [3, 13, 30]
+    (q, k, v), pt = _attn_case(B, Hq, Hkv, D, page, lens, dtype, gen)
+    if window:
+        for b, c in enumerate(lens):
+            k[pt[b, :max(0, c - window) // page].long()] = float("nan")
+    sink = (torch.randn(Hq, generator=gen) * 2).to(dtype) if sinks else None
+    scale = D ** -0.5
+    out = paged_decode_attention(q.to(DEV), k.to(DEV), v.to(DEV), pt.to(DEV),
+                                 torch.tensor(lens, dtype=torch.int32, device=DEV), scale, window,
+                                 None if sink is None else sink.to(DEV), n_split=n_split, block_n=16)
+    ref32 = ref.paged_attention(q.float(), k.float(), v.float(), pt, [1] * B, lens, scale, window,
+                                None if sink is None else sink.float())
+    assert not ref32.isnan().any()
+    _close(out, ref32, dtype)
+
+
+def test_paged_attention_sinks_and_window_are_the_softmax_definition():
+    """The reference's SDPA form (the sink as one more key) against the plain definition: scores,
+    masked to the causal window, softmaxed together with the sink logit, which is then dropped."""
+    gen = torch.Generator().manual_seed(13)
+    Hq, Hkv, D, page, window = 4, 2, 8, 4, 5
+    k, v = torch.randn(2, 3, page, Hkv, D, generator=gen)
+    q = torch.randn(6, Hq, D, generator=gen)
+    sinks = torch.randn(Hq, generator=gen)
+    pt = torch.tensor([[2, 0, 1]], dtype=torch.int32)
+    got = ref.paged_attention(q, k, v, pt, [6], [10], 0.3, window, sinks)
+    keys, vals = (t[pt[0].long()].flatten(0, 1)[:10].repeat_interleave(2, 1) for t in (k, v))  # [10, Hq, D]
+    s = torch.einsum("thd,nhd->htn", q, keys) * 0.3
+    qpos, kpos = torch.arange(4, 10)[:, None], torch.arange(10)[None]
+    s = s.masked_fill(~((kpos <= qpos) & (kpos > qpos - window)), float("-inf"))
+    p = torch.cat((s, sinks[:, None, None].expand(-1, 6, 1)), -1).softmax(-1)[..., :-1]
+    torch.testing.assert_close(got, torch.einsum("htn,nhd->thd", p, vals), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.gpu

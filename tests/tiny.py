@@ -49,6 +49,10 @@ def hf_config(arch: str, **kw):
         text = {k: v for k, v in base.items() if k != "intermediate_size"}
         vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
         return tf.Qwen3_5MoeConfig(text_config=dict(**text, **moe, **hybrid), vision_config=vision)
+    if arch == "gpt_oss":  # sliding layers whose window the 64-token prompt crosses; a limit that clamps
+        return tf.GptOssConfig(**{**base, "intermediate_size": 32}, head_dim=16, num_local_experts=8,
+                               num_experts_per_tok=2, sliding_window=20, swiglu_limit=0.8,
+                               rope_parameters={**yarn, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})
     raise ValueError(arch)
 
 

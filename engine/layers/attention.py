@@ -1,4 +1,5 @@
-"""GQA attention over the paged KV cache, with the q/k norm and bias variants MoE models use."""
+"""GQA attention over the paged KV cache, with the q/k norm, bias, sliding-window and
+attention-sink variants MoE models use."""
 from __future__ import annotations
 
 import torch
@@ -39,7 +40,10 @@ class Attention(nn.Module):
         # one GEMV per decode step instead of three
         self.qkv_proj = nn.Linear(cfg.hidden_size, ((1 + self.gated) * hq + 2 * hkv) * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(hq * d, cfg.hidden_size, bias=cfg.o_bias)
-        self.qk_norm, self.clip, self.window = cfg.qk_norm, cfg.clip_qkv, cfg.sliding_window
+        self.qk_norm, self.clip = cfg.qk_norm, cfg.clip_qkv
+        self.window = cfg.window(cfg.attention_layer_ids[layer])  # by the model's layer index
+        if cfg.attention_sinks:  # gpt-oss: a logit per head in every softmax's denominator [Hq]
+            self.sinks = nn.Parameter(torch.empty(hq), requires_grad=False)
         if cfg.qk_norm != "none":
             full, c = cfg.qk_norm == "full", cfg.norm_zero_centered
             self.q_norm = RMSNorm(hq * d if full else d, cfg.rms_norm_eps, c)
@@ -78,12 +82,13 @@ class Attention(nn.Module):
             q, k, v, gate = self._qkv(x)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             kv.write(self.layer, k, v, batch.slots)
-        if q.is_cuda and self.window is None and max(batch.q_lens) == 1:
+        sinks = getattr(self, "sinks", None)
+        if q.is_cuda and max(batch.q_lens) == 1:
             from kernels.attention_triton import paged_decode_attention
             o = paged_decode_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
-                                       batch.ctx_lens_t, self.d ** -0.5)
+                                       batch.ctx_lens_t, self.d ** -0.5, self.window, sinks)
         else:
             o = ref.paged_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
-                                    batch.q_lens, batch.ctx_lens, self.d ** -0.5, self.window)
+                                    batch.q_lens, batch.ctx_lens, self.d ** -0.5, self.window, sinks)
         o = o.reshape(x.shape[0], -1)
         return self.o_proj(o if gate is None else o * torch.sigmoid(gate))

@@ -16,7 +16,7 @@ from engine.errors import UserError
 from engine.models.base import ModelConfig
 
 ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe",
-         "qwen3_next", "qwen3_5_moe")
+         "qwen3_next", "qwen3_5_moe", "gpt_oss")
 ALIASES = {"qwen3_5_moe_text": "qwen3_5_moe"}  # the text-only class of the same architecture
 
 
@@ -54,11 +54,15 @@ def canonical_name(model_type: str, name: str) -> str:
     return name
 
 
-def dense_tensor(cfg: ModelConfig, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A dense checkpoint tensor (canonical name) as the FTW stores it: rearranged by its arch's
-    `transform` if it has one, in `dtype` (or float32, see transformer.param_dtype)."""
-    from engine.models.transformer import param_dtype
+def arch_tensor(cfg: ModelConfig, name: str, t):
+    """A checkpoint tensor (canonical name; a float tensor, or the QParts of a quantized one)
+    rearranged for the shared layers by its arch's `transform`, if it has one."""
     transform = getattr(arch_module(cfg.model_type), "transform", None)
-    if transform is not None:
-        t = transform(cfg, name, t)
-    return t.to(param_dtype(name, dtype)).contiguous()
+    return t if transform is None else transform(cfg, name, t)
+
+
+def dense_tensor(cfg: ModelConfig, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A dense checkpoint tensor (canonical name) as the FTW stores it: rearranged (arch_tensor),
+    in `dtype` (or float32, see transformer.param_dtype)."""
+    from engine.models.transformer import param_dtype
+    return arch_tensor(cfg, name, t).to(param_dtype(name, dtype)).contiguous()

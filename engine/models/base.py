@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import UserError
+from kernels.ref import SILU, ExpertAct
 
 # spellings of the float dtypes a model computes in (config.json, --dtype) -> their name in
 # ftw.format.DTYPES, the one table of dtypes
@@ -74,12 +75,16 @@ class ModelConfig:
     qk_norm: str = "none"               # none | head (per head_dim) | full (over all heads)
     clip_qkv: float | None = None
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()   # per layer: full_attention | sliding_attention | linear_attention; () = all full
+    attention_sinks: bool = False       # a learned logit per head in every softmax (gpt-oss `sinks`)
+    router_bias: bool = False           # the router's linear layer has a bias
+    expert_bias: bool = False           # routed experts have gate_up and down biases
+    expert_act: ExpertAct = SILU        # the routed experts' gated activation
     shared_expert_size: int = 0         # 0 = no shared expert
     shared_expert_gate: bool = False    # sigmoid gate on the shared expert
     mla: MLASpec | None = None          # Multi-head Latent Attention instead of GQA
     dtype: str = "bfloat16"
     extra: dict = field(default_factory=dict)
-    layer_types: tuple[str, ...] = ()   # per layer: full_attention | linear_attention; () = all full
     linear_attn: LinearAttnSpec | None = None
     attn_output_gate: bool = False      # sigmoid gate on the attention output (q_proj holds it)
     norm_zero_centered: bool = False    # RMSNorms scale by (1 + w), w stored around 0
@@ -87,6 +92,12 @@ class ModelConfig:
     @property
     def moe_layer_ids(self) -> list[int]:
         return [i for i, m in enumerate(self.moe_layers) if m]
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`'s attention; None: full attention."""
+        if self.layer_types and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def attn_dims(self) -> tuple[int, int]:

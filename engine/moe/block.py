@@ -13,7 +13,7 @@ from engine.moe.router import route
 class MoEBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, moe_index: int):
         super().__init__()
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
         if cfg.router.bias:  # the checkpoint's name: mlp.gate.e_score_correction_bias [E], kept in float32
             self.gate.e_score_correction_bias = nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
         self.spec, self.moe_index = cfg.router, moe_index

@@ -9,7 +9,7 @@ from dataclasses import astuple, dataclass
 import torch
 
 from engine.errors import UserError
-from engine.moe.layout import SlotLayout
+from engine.moe.layout import SlotLayout, expert_bias
 from engine.moe.tables import DeviceTables, HostTables, ResidencyTables
 from kernels import ref
 
@@ -107,6 +107,11 @@ class ExpertCache:
         the host store (rows [L*E, slot_bytes], the source of truth) into the new pool."""
         slots, flats = self.tables.adopt(old)
         ref.fill_rows(rows, self.pool, torch.tensor(slots), torch.tensor(flats), 0)
+
+    @property
+    def bias(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The slots' expert biases (engine.moe.layout.expert_bias), views of the pool."""
+        return expert_bias(self.w)
 
     @property
     def n_slots(self) -> int:

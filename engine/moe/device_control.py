@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.moe.layout import expert_bias
 from kernels import ref
 
 
@@ -51,7 +52,8 @@ class DeviceControl:
         self.done = device_ptr(self.flags) + 4                                    # waited for by the stream
         self.fill_count = torch.zeros(1, dtype=torch.int32, device=self.dev)      # programs of a fill done
         self.poller = rt.cpu.poller(self.flags, self.nfill, self.x_h, self.ids_h, self.w_h, self.out_h,
-                                    [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views])
+                                    [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views],
+                                    rt.act, [expert_bias(v) for v in rt.store.views])
         self.replayed = torch.cuda.Event(blocking=True)
 
     def wait(self) -> None:
@@ -93,7 +95,7 @@ class DeviceControl:
 
     def forward(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """One MoE layer step of a decode batch, no host sync on CUDA."""
-        rt, c = self.rt, self.rt.cache
+        rt = self.rt
         T, K = ids.shape
         n = T * K
         route = self.route[:n].view(T, K)
@@ -106,13 +108,13 @@ class DeviceControl:
         if signals:  # the merge sums the routes (moe_experts_auto on CUDA) and adds the CPU's part
             from kernels.cuda_memops import wait_value
             from kernels.merge_triton import merge_cpu_output
-            out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act, reduce=False)
+            out = rt.run_cached(x, route, weights, reduce=False)
             wait_value(self.done, go)
             return merge_cpu_output(out, self.out_h, x.dtype, self.flags[1:2])
-        out = rt._experts(x, c.w["gate_up"], c.w["down"], route, weights, rt.act)
+        out = rt.run_cached(x, route, weights)
         if may_cpu:  # tests: the executor directly, same inputs
-            v, out_h = rt.store.views[layer], torch.empty(x.shape, dtype=torch.float32)
-            rt.cpu.run(x, v["gate_up"], v["down"], torch.where(route < 0, ids, -1), weights.float(), out_h)
+            out_h = torch.empty(x.shape, dtype=torch.float32)
+            rt.submit_cpu(layer, x, torch.where(route < 0, ids, -1), weights.float(), out_h).wait()
             out = out + out_h
         return out.to(x.dtype)
 

@@ -10,11 +10,13 @@ from contextlib import nullcontext
 import torch
 
 from engine.moe.cache import ExpertCache
+from engine.moe.layout import expert_bias
 from engine.moe.policy import MissPolicy
 from engine.moe.prefill import LayerStreamer
 from engine.moe.qstar import QStar
 from engine.moe.store import HostExpertStore
 from kernels import ref
+from kernels.ref import SILU, ExpertAct
 
 # A prefill chunk whose layer step routes at most this many tokens per expert on average runs
 # like decode: the CPU stays memory-bound there, so the bandwidth split still applies.
@@ -23,10 +25,10 @@ SHORT_ROUTES_PER_EXPERT = 4
 
 class ExpertRuntime:
     def __init__(self, store: HostExpertStore, cache: ExpertCache, policy: MissPolicy,
-                 cpu_threads: int | None = None, prefill_mode: str = "adaptive", cpu=None):
+                 cpu_threads: int | None = None, prefill_mode: str = "adaptive", cpu=None, act: ExpertAct = SILU):
         self.store, self.cache, self.policy = store, cache, policy
         self.cpu_threads, self._cpu = cpu_threads, cpu  # cpu: an executor to reuse (cache rebuilds)
-        self.act = "silu"
+        self.act = act
         self.routing = None      # optional (layer, ids) -> ids (engine.moe.replay): trace, uniform, recorder
         self.qstar = QStar(store, lambda: self.cpu)
         self._experts = ref.moe_experts
@@ -96,7 +98,7 @@ class ExpertRuntime:
                 st.begin(x.shape[0])
         slots = st.take(layer) if scan else None
         if slots is not None:
-            out = self._experts(x, c.w["gate_up"], c.w["down"], slots[ids], weights, self.act)
+            out = self.run_cached(x, slots[ids], weights)
             missing = c.tables.missing(ids_h.tolist(), layer * c.n_experts)
         else:
             out, missing = self._routed(layer, x, ids_h, weights, scan)
@@ -124,14 +126,14 @@ class ExpertRuntime:
             with timed():  # on CUDA only queued here
                 done = self._fill(layer, victims, fetch, self.streamer.copy_stream)
             fetched = torch.isin(route_d, torch.tensor(victims, device=x.device))
-            out = self._experts(x, c.w["gate_up"], c.w["down"], route_d.masked_fill(fetched, -1), weights, self.act)
+            out = self.run_cached(x, route_d.masked_fill(fetched, -1), weights)
             with timed():
                 if done is not None:
                     torch.cuda.current_stream().wait_event(done)
-            out += self._experts(x, c.w["gate_up"], c.w["down"], route_d.masked_fill(~fetched, -1), weights, self.act)
+            out += self.run_cached(x, route_d.masked_fill(~fetched, -1), weights)
         else:
             self._fill(layer, victims, fetch)
-            out = self._experts(x, c.w["gate_up"], c.w["down"], route_d, weights, self.act)
+            out = self.run_cached(x, route_d, weights)
         if job is not None:
             fut, out_h, t0 = job
             fut.wait()
@@ -139,11 +141,21 @@ class ExpertRuntime:
             out += out_h.to(x.device, non_blocking=True)
         return out, misses
 
-    def _submit_cpu(self, layer: int, x: torch.Tensor, cpu_ids: torch.Tensor, weights: torch.Tensor, n: int):
+    def run_cached(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, **kw) -> torch.Tensor:
+        """The routes of `slots` [T, K] (-1: elsewhere) from the device cache -> [T, H] float32."""
+        c = self.cache
+        return self._experts(x, c.w["gate_up"], c.w["down"], slots, weights, self.act, c.bias, **kw)
+
+    def submit_cpu(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, out: torch.Tensor):
+        """Start the routes of `ids` [T, K] (-1: elsewhere) of `layer` on the CPU executor, from
+        the host store, into out [T, H] float32 (host tensors) -> its future."""
         bank = self.store.views[layer]
+        return self.cpu.submit(x, bank["gate_up"], bank["down"], ids, weights, out, self.act, expert_bias(bank))
+
+    def _submit_cpu(self, layer: int, x: torch.Tensor, cpu_ids: torch.Tensor, weights: torch.Tensor, n: int):
         out_h = torch.empty(x.shape, dtype=torch.float32)
         t0 = time.perf_counter()
-        fut = self.cpu.submit(x.cpu(), bank["gate_up"], bank["down"], cpu_ids, weights.float().cpu(), out_h)
+        fut = self.submit_cpu(layer, x.cpu(), cpu_ids, weights.float().cpu(), out_h)
         return fut, out_h, t0
 
     def _fill(self, layer: int, victims: list[int], fetch: list[int], stream=None):

@@ -131,6 +131,21 @@ def fold_system(messages: list[dict], later_ok: bool) -> list[dict]:
     return out
 
 
+# a request's reasoning effort -> the level gpt-oss's Harmony template knows (its
+# `reasoning_effort` variable: low, medium or high); the APIs' other levels take the nearest
+EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+
+
+def effort_kwargs(effort: Any, param: str) -> dict:
+    """Chat-template kwargs for a requested reasoning effort (None: the template's default).
+    Templates without the variable ignore it."""
+    if effort is None:
+        return {}
+    if effort not in EFFORTS:
+        raise APIError(400, f"{param} must be one of {', '.join(EFFORTS)}", param=param)
+    return {"reasoning_effort": EFFORTS[effort]}
+
+
 def check_not_empty(messages: list[dict], where: str) -> None:
     """A conversation needs something besides system text to answer."""
     if all(msg["role"] == "system" for msg in messages):

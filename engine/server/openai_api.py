@@ -79,6 +79,7 @@ class ChatRequest(Sampling):
     parallel_tool_calls: bool = True
     response_format: dict | None = None
     max_completion_tokens: int | None = None
+    reasoning_effort: str | None = None
     chat_template_kwargs: dict | None = None
     separate_reasoning: bool = True  # SGLang's extension: false leaves the reasoning in the content, tags and all
 
@@ -105,7 +106,8 @@ async def chat(body: ChatRequest, request: Request, s: Server = Depends(get_serv
     mode, name = m.openai_tool_choice(body.tool_choice)
     tools, enabled = m.choose_tools(tools, mode, name)
     msgs = m.openai_messages([x.model_dump(exclude_none=True) for x in body.messages])
-    ids = s.render(msgs, tools, **(body.chat_template_kwargs or {}))
+    ids = s.render(msgs, tools, **{**m.effort_kwargs(body.reasoning_effort, "reasoning_effort"),
+                                   **(body.chat_template_kwargs or {})})
     sampling = {**body.sampling(), "max_tokens": body.max_completion_tokens or body.max_tokens}
     output = OutputSpec(openai_format(body.response_format, "response_format"),
                         tools if mode == "required" else [], body.parallel_tool_calls and name is None)

@@ -40,6 +40,7 @@ class ResponsesRequest(m.Body):
     max_output_tokens: int | None = None
     temperature: float | None = 1.0
     top_p: float | None = None
+    reasoning: dict | None = None
     previous_response_id: str | None = None
 
 
@@ -50,7 +51,8 @@ async def responses(body: ResponsesRequest, request: Request, s: Server = Depend
                          "send the whole conversation as input", param="previous_response_id")
     mode, name = m.openai_tool_choice(body.tool_choice)
     tools, enabled = m.choose_tools(m.responses_tools(body.tools or []), mode, name)
-    ids = s.render(m.responses_messages(body.instructions, body.input), tools, where="input")
+    ids = s.render(m.responses_messages(body.instructions, body.input), tools, where="input",
+                   **m.effort_kwargs((body.reasoning or {}).get("effort"), "reasoning.effort"))
     fmt = (body.text or {}).get("format")
     output = OutputSpec(openai_format(fmt, "text.format"), tools if mode == "required" else [],
                         body.parallel_tool_calls and name is None)

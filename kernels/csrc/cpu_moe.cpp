@@ -5,12 +5,13 @@
 // targets); the Python side picks the path at run time from ftmoe_cpu_features().
 //
 // A bank holds plain fp32/bf16/fp16 matrices, or quantized ones in the layout of kernels/quant.py
-// (codes, block scales, zero points), whose rows are dequantized in registers; every path
-// accumulates in fp32.
+// (codes, block scales, zero points), whose rows are dequantized in registers, and optionally a
+// float32 bias per expert and row; every path accumulates in fp32.
 //
 // A job runs in two phases over the pool's threads, with a barrier between them:
-//   1. units (expert, block of R1 intermediate rows): h[route, j] = silu(gate_j . x) * (up_j . x)
-//   2. units (block of R2 output rows): out[t, r] = sum over routes of w * (down_r . h[route])
+//   1. units (expert, block of R1 intermediate rows): h[route, j] = act(gate_j . x + bg_j, up_j . x + bu_j)
+//   2. units (block of R2 output rows): out[t, r] = sum over routes of w * (down_r . h[route] + bd_r)
+// with act the gated activation of kernels/ref.py::ExpertAct (SwiGLU, or gpt-oss's clamped one).
 // At batch 1 this splits each expert's rows across all threads (a GEMV streaming the weights);
 // phase 2 partitions out by rows, so there are no write races and no reduction step. The thread
 // that completes the last phase-2 unit retires the job: a worker that woke late, or was
@@ -56,6 +57,23 @@ struct Mat {
                           // uint8 in the blocks of s (int4/int8); s and z null for plain weights
   int64_t sq, ss, sz;        // bytes from one expert to the next
   int32_t fmt, sdt, bn, bk;  // Fmt of the weights and of the scales; block rows and columns
+  const char* b;             // float32 bias [E, N], or null
+  int64_t sb;                // its bytes from one expert to the next
+};
+
+// Expert e's bias row of a bank (N floats), or null.
+inline const float* bias(const Mat& m, int64_t e) {
+  return m.b ? reinterpret_cast<const float*>(m.b + e * m.sb) : nullptr;
+}
+
+// The gated activation (kernels/ref.py::ExpertAct): g * sigmoid(alpha g) * (u + shift), g clamped
+// from above and u on both sides at limit (infinite: no clamp; alpha 1, shift 0: SwiGLU).
+struct ExpertAct {
+  float alpha, limit, shift;
+  float operator()(float g, float u) const {
+    g = std::min(g, limit), u = std::min(std::max(u, -limit), limit);
+    return g / (1.f + std::exp(-alpha * g)) * (u + shift);
+  }
 };
 
 // One row of one expert's matrix: its K weights or codes, and for a quantized format the row's
@@ -437,6 +455,7 @@ struct Job {
   const char* x = nullptr;      // [T, H], in the order of kgu
   Mat gu{}, d{};                // banks [E, 2I, H], [E, H, I]
   Kernel kgu{}, kd{};           // their row kernels
+  ExpertAct act{1.f, INFINITY, 0.f};  // the gated activation
   std::unique_ptr<char[]> xp;   // x permuted (and converted) for kgu, where it needs that
   float* out = nullptr;         // [T, H]
   int T = 0, H = 0, I = 0, E = 0;
@@ -445,7 +464,7 @@ struct Job {
   std::vector<int> gstart;      // [G + 1] route range of each group, routes sorted by expert
   std::vector<int> tok;         // [R] token of each route
   std::vector<float> rw;        // [R] routing weight of each route
-  std::unique_ptr<char[]> h;    // [R, I] silu(gate) * up, in the order of kd
+  std::unique_ptr<char[]> h;    // [R, I] act(gate, up), in the order (and layout) of kd
   std::vector<const void*> xr, hr;  // [R] each route's row of x and of h
   int nb1 = 0, n1 = 0, n2 = 0;  // phase-1 blocks per expert, phase-1 units, phase-2 units
   std::atomic<int> next1{0}, done1{0}, next2{0}, done2{0};
@@ -470,14 +489,16 @@ struct Job {
 void unit1(Job& J, int u) {
   int g = u / J.nb1, j0 = (u % J.nb1) * R1, j1 = std::min(J.I, j0 + R1);
   int64_t e = J.expert(g);
+  const float* bgu = bias(J.gu, e);
   float a[RC], b[RC];
   for (int j = j0; j < j1; ++j)  // routes innermost: one weight row serves every token (L1 hit)
     for (int r0 = J.gstart[g]; r0 < J.gstart[g + 1]; r0 += RC) {
       int n = std::min(RC, J.gstart[g + 1] - r0);
       J.kgu.fn(row(J.gu, e, j, J.H), &J.xr[r0], n, a);
       J.kgu.fn(row(J.gu, e, J.I + j, J.H), &J.xr[r0], n, b);
+      float bg = bgu ? bgu[j] : 0.f, bu = bgu ? bgu[J.I + j] : 0.f;
       for (int i = 0; i < n; ++i) {
-        float v = a[i] / (1.f + std::exp(-a[i])) * b[i];
+        float v = J.act(a[i] + bg, b[i] + bu);
         put_act(J.h.get() + size_t(r0 + i) * J.I * J.hsz, J.I, permute(j, J.I, J.kd.chunk), v, J.kd.act);
       }
     }
@@ -489,11 +510,13 @@ void unit2(Job& J, int u) {
   float y[RC];
   for (int g = 0; g < int(J.eid.size()); ++g) {
     int64_t e = J.expert(g);
+    const float* bd = bias(J.d, e);
     for (int r = r0; r < r1; ++r)
       for (int k0 = J.gstart[g]; k0 < J.gstart[g + 1]; k0 += RC) {
         int n = std::min(RC, J.gstart[g + 1] - k0);
+        float br = bd ? bd[r] : 0.f;
         J.kd.fn(row(J.d, e, r, J.I), &J.hr[k0], n, y);
-        for (int i = 0; i < n; ++i) J.out[size_t(J.tok[k0 + i]) * J.H + r] += J.rw[k0 + i] * y[i];
+        for (int i = 0; i < n; ++i) J.out[size_t(J.tok[k0 + i]) * J.H + r] += J.rw[k0 + i] * (y[i] + br);
       }
   }
 }
@@ -616,13 +639,15 @@ void* ftmoe_pool_create(int threads, const int* cpus, int spin_us) { return new 
 void ftmoe_pool_destroy(void* pool) { delete static_cast<Pool*>(pool); }
 
 // gu, dn: the banks (see Mat); ids [T, K] int32/int64 (-1 = skip), rw [T, K] fp32, out [T, H]
-// fp32; all contiguous. Returns the job, or null when it could not be set up (out of memory, or a
-// format the mode has no kernel for): no C++ exception may cross into ctypes.
+// fp32; all contiguous; act: the gated activation. Returns the job, or null when it could not be
+// set up (out of memory, or a format the mode has no kernel for): no C++ exception may cross into
+// ctypes.
 void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, const void* ids,
-                   const float* rw, float* out, int T, int H, int I, int E, int K, int ids64, int mode) {
+                   const float* rw, float* out, int T, int H, int I, int E, int K, int ids64, int mode,
+                   const ExpertAct* act) {
   try {
     auto J = std::make_unique<Job>();
-    J->x = static_cast<const char*>(x), J->gu = *gu, J->d = *dn, J->out = out;
+    J->x = static_cast<const char*>(x), J->gu = *gu, J->d = *dn, J->out = out, J->act = *act;
     J->T = T, J->H = H, J->I = I, J->E = E;
     J->kgu = kernel(mode, *gu), J->kd = kernel(mode, *dn);
     if (!J->kgu.fn || !J->kd.fn) return nullptr;
@@ -701,6 +726,7 @@ struct Poller {
   const float* rw = nullptr;
   float* out = nullptr;
   std::vector<Mat> gu, dn;  // per MoE layer banks
+  ExpertAct act{1.f, INFINITY, 0.f};
   int H = 0, I = 0, E = 0, K = 0, mode = 0;
   std::atomic<bool> stop{false};
   std::atomic<int64_t> jobs{0}, experts{0}, nanos{0}, fills{0}, fill_nanos{0};
@@ -724,7 +750,7 @@ struct Poller {
     }
     auto t0 = std::chrono::steady_clock::now();
     auto* J = static_cast<Job*>(ftmoe_submit(pool, x, &gu[layer], &dn[layer], ids, rw, out, T, H, I,
-                                             E, K, 1, mode));
+                                             E, K, 1, mode, &act));
     if (!J) return fail("could not allocate a CPU branch job", T);
     // This thread computes units of its job beside the workers instead of spinning while they
     // do (one busy thread less than cores in use), watching for the fill flag between units.
@@ -769,14 +795,14 @@ struct Poller {
 // flags: uint32 [go, done, fill]; nfill: one int64; gu, dn: L banks each, one per MoE layer.
 void* ftmoe_poller_start(void* pool, void* flags, const void* nfill, const void* x, const void* ids,
                          const float* rw, float* out, const Mat* gu, const Mat* dn, int L,
-                         int H, int I, int E, int K, int mode) {
+                         int H, int I, int E, int K, int mode, const ExpertAct* act) {
   try {
     auto* P = new Poller();
     auto* f = static_cast<uint32_t*>(flags);
     P->pool = pool, P->go = f, P->done = f + 1, P->fill = f + 2;
     P->nfill = static_cast<const int64_t*>(nfill);
     P->x = x, P->ids = ids, P->rw = rw, P->out = out, P->gu.assign(gu, gu + L), P->dn.assign(dn, dn + L);
-    P->H = H, P->I = I, P->E = E, P->K = K, P->mode = mode;
+    P->H = H, P->I = I, P->E = E, P->K = K, P->mode = mode, P->act = *act;
     P->th = std::thread(&Poller::loop, P);
     return P;
   } catch (...) {
