@@ -62,8 +62,9 @@ def engine(ftw, slots: int, graph: bool, device: str = DEVICE[0]):
     return e, slot
 
 
-def test_resize_with_requests_in_flight(tiny_model):
-    _, _, ftw = tiny_model("qwen3_moe")
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])  # gpt_oss: expert biases in the slot
+def test_resize_with_requests_in_flight(tiny_model, arch):
+    _, _, ftw = tiny_model(arch)
     want = decode_two(engine(ftw, 16, False)[0])
     tables = []
     for graph in (False, True):
