@@ -12,6 +12,7 @@ from engine.errors import UserError
 from engine.loader import load_runner
 from engine.moe.cache import CacheStats
 from engine.resolve import ensure_ftw
+from engine.sampling import model_defaults
 from engine.scheduler import Scheduler, Sequence
 from engine.tokenizer import StopText, Tokenizer
 
@@ -54,6 +55,7 @@ class LLM:
             from engine.profile import load_or_measure
             self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say, fmt=self.runner.runtime.store.layout.dtype))
         self.tokenizer = Tokenizer(path)
+        self.sampling_defaults = model_defaults(path)
         r = self.runner
         self.grammars = Grammars(self.tokenizer.tok, self.tokenizer.eos_ids)
         self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk,
