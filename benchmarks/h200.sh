@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
 # torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | depth |
-# startup | depth-run | threads-probe | threads-decode.
+# startup | depth-run | threads-probe | threads-decode | train.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 # PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
@@ -101,4 +101,18 @@ threads-decode)  # issue 22: graph decode rows at 1..16 CPU threads, 8 layers, 1
   tail -22 "$out/threads_decode.txt"
   python3 -c "import json; [print(r['policy'], r['threads'], r['pool_threads'], round(r['tok_s'], 1), r['cpu_busy'])
     for r in json.load(open('$out/threads_decode.json'))['rows']]" ;;
+train)  # issues 21 and 22, item 7 of each: the demo model, then the routing proxy, on the corpus that
+  # `scripts/train_demo.py corpus` built (carried: .probe/train/corpus.jsonl.xz). Under 9 minutes: each
+  # training loop ends at a fixed time after its script started (--train-until), whatever the data
+  # preparation took, and still anneals. Seven files come back: the demo's safetensors shards, a tar of
+  # its other files, the proxy's trace and metrics, two logs.
+  corpus=.probe/train/corpus.jsonl.xz
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  timeout -s ABRT 320 python3 scripts/train_demo.py demo --corpus $corpus --device cuda --threads 16 \
+    --train-until 240 --baseline engine/demo/model --out /tmp/demo > "$out/train_demo.log" 2>&1
+  tail -32 "$out/train_demo.log"
+  mv /tmp/demo/*.safetensors "$out/" && tar -C /tmp/demo -cf "$out/demo_files.tar" . && ls -l "$out"
+  timeout -s ABRT 195 python3 scripts/train_demo.py proxy --corpus $corpus --device cuda --threads 16 \
+    --train-until 150 --tokenizer /tmp/demo --out "$out" > "$out/train_proxy.log" 2>&1
+  tail -42 "$out/train_proxy.log" ;;
 esac
