@@ -111,7 +111,7 @@ PROMPTS = [
 TEMPERATURES = (0.0, 0.4, 0.6, 0.8, 1.0)
 MODES = {  # per mode: sizes and optimisation defaults
     "demo": dict(vocab=8192, hidden=384, layers=6, heads=6, kv_heads=2, head_dim=64, experts=8, top_k=2,
-                 moe_inter=160, steps=4000, batch=64, seq_len=1024, lr=2e-3, warmup=200),
+                 moe_inter=160, steps=6000, batch=64, seq_len=1024, lr=2e-3, warmup=200),
     "proxy": dict(hidden=2048, layers=8, heads=32, kv_heads=4, head_dim=128, experts=128, top_k=8, moe_inter=768,
                   steps=800, batch=16, seq_len=1024, lr=6e-4, warmup=30),
 }
