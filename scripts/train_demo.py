@@ -495,29 +495,29 @@ def parses(text, finished):
 @torch.no_grad()
 def sampling_scores(model, tok, device, samples=8, max_new_tokens=160):
     """Per temperature in TEMPERATURES (top_p 0.95): the share of answers to PROMPTS (samples
-    each) whose distinct 4-gram ratio is >= 0.6 and that parse as Python (`parses`)."""
+    each) whose distinct 4-gram ratio is >= 0.6 and that parse as Python (`parses`), and the first
+    answer to each prompt."""
     model.eval()
     eos = {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
     texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
              for p in PROMPTS]
-    tok.padding_side = "left"
-    enc = tok([t for t in texts for _ in range(samples)], return_tensors="pt", padding=True,
+    enc = tok([t for t in texts for _ in range(samples)], return_tensors="pt", padding=True, padding_side="left",
               add_special_tokens=False).to(device)
-    scores = {}
+    scores, answers = {}, {}
     for t in TEMPERATURES:
         torch.manual_seed(0)
         kw = dict(do_sample=True, temperature=t, top_p=0.95, top_k=0) if t else dict(do_sample=False)
         with autocast(device):
             out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
                                  eos_token_id=sorted(eos), **kw)
-        ok = 0
+        ok, texts = 0, []
         for row in out[:, enc["input_ids"].shape[1]:].tolist():
             end = next((i for i, x in enumerate(row) if x in eos), None)
-            ids = row[:end]
-            ok += distinct_4gram_ratio(ids) >= 0.6 and parses(tok.decode(ids, skip_special_tokens=True), end is not None)
-        scores[t] = ok / len(out)
+            texts.append(tok.decode(row[:end], skip_special_tokens=True))
+            ok += distinct_4gram_ratio(row[:end]) >= 0.6 and parses(texts[-1], end is not None)
+        scores[t], answers[t] = ok / len(out), texts[::samples]
         log(f"temperature {t}: {scores[t]:.2f} of answers pass")
-    return scores
+    return scores, answers
 
 
 def generation_config(tok, temperature):
@@ -625,7 +625,7 @@ def run_demo(args, device):
     if args.baseline:
         metrics["baseline_bpb"] = round(baseline_bpb(args.baseline, eval_text, device), 4)
     log(f"held-out: {metrics}", t0)
-    scores = sampling_scores(model, tok, device)
+    scores, answers = sampling_scores(model, tok, device)
     temperature = min(scores, key=lambda t: (-scores[t], t))  # the most passing answers, then the coolest
     generation_config(tok, temperature).save_pretrained(args.out)
     metrics.update({
@@ -636,6 +636,7 @@ def run_demo(args, device):
         "train_files": header["train_files"], "heldout_files": header["heldout_files"],
         "corpus": [{k: s.get(k) for k in ("name", "version", "license")} for s in header["sources"]],
         "sampling_pass_rate": {str(t): s for t, s in scores.items()}, "temperature": temperature, "top_p": 0.95,
+        "samples": dict(zip(PROMPTS, answers[temperature])),
     })
     with open(os.path.join(args.out, "training_metrics.json"), "w") as fh:
         json.dump(metrics, fh, indent=2)

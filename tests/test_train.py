@@ -111,6 +111,7 @@ def test_demo_run_saves_a_model_the_engine_loads(demo):
     gen = json.loads((demo / "generation_config.json").read_text())
     assert gen["eos_token_id"] == [2, 0] and m["temperature"] in (0.0, 0.8)
     assert gen.get("temperature", 0.0) == m["temperature"] and gen.get("top_k", 0) == 0
+    assert list(m["samples"]) == ["Write a function that reverses a string"]  # the first answer per prompt
     assert all(f.stat().st_size < 16 << 20 for f in demo.glob("*.safetensors"))
     prompt = [1, 40, 41, 42, 43]
     ref = AutoModelForCausalLM.from_pretrained(demo, dtype=torch.float32).eval()
