@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
 # torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | depth |
-# startup | depth-run | threads-probe | threads-decode | elastic | hybrid.
+# startup | depth-run | threads-probe | threads-decode | elastic | hybrid | train.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 # PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
@@ -117,4 +117,18 @@ elastic)  # issue 22 item 6: the elastic resize on the GPU, then another process
     tests/test_graphs.py > "$out/gpu_tests.txt" 2>&1; tail -5 "$out/gpu_tests.txt"
   timeout -s ABRT 330 python3 -m engine.bench.elastic --layers 16 --gpu-gib 32 --other-gib 20 \
     > "$out/elastic.json" 2> "$out/elastic.err"; cat "$out/elastic.json"; tail -5 "$out/elastic.err" ;;
+train)  # issues 21 and 22, item 7 of each: the demo model, then the routing proxy, on the corpus that
+  # `scripts/train_demo.py corpus` built (carried: .probe/train/corpus.jsonl.xz). Under 9 minutes: each
+  # training loop ends at a fixed time after its script started (--train-until), whatever the data
+  # preparation took, and still anneals. Seven files come back: the demo's safetensors shards, a tar of
+  # its other files, the proxy's trace and metrics, two logs.
+  corpus=.probe/train/corpus.jsonl.xz
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  timeout -s ABRT 320 python3 scripts/train_demo.py demo --corpus $corpus --device cuda --threads 16 \
+    --train-until 240 --baseline engine/demo/model --out /tmp/demo > "$out/train_demo.log" 2>&1
+  tail -32 "$out/train_demo.log"
+  mv /tmp/demo/*.safetensors "$out/" && tar -C /tmp/demo -cf "$out/demo_files.tar" . && ls -l "$out"
+  timeout -s ABRT 195 python3 scripts/train_demo.py proxy --corpus $corpus --device cuda --threads 16 \
+    --train-until 150 --tokenizer /tmp/demo --out "$out" > "$out/train_proxy.log" 2>&1
+  tail -42 "$out/train_proxy.log" ;;
 esac

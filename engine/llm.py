@@ -15,6 +15,7 @@ from engine.kv.checkpoints import HybridPrefixCache
 from engine.loader import load_runner, pick_device
 from engine.moe.cache import CacheStats
 from engine.resolve import ensure_ftw, model_key
+from engine.sampling import model_defaults
 from engine.scheduler import Scheduler, Sequence
 from engine.tokenizer import StopText, Tokenizer
 
@@ -60,6 +61,7 @@ class LLM:
             from engine.profile import load_or_measure
             self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say, fmt=self.runner.runtime.store.layout.dtype))
         self.tokenizer = Tokenizer(path)
+        self.sampling_defaults = model_defaults(path)
         r = self.runner
         self.grammars = Grammars(self.tokenizer.tok, self.tokenizer.eos_ids)
         self.scheduler = Scheduler(r, self.tokenizer.eos_ids, config.max_running, r.prefill_chunk,

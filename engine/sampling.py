@@ -1,5 +1,9 @@
-"""Token sampling: greedy, temperature, top-k and top-p, with a per-sequence seeded generator."""
+"""Token sampling: greedy, temperature, top-k and top-p, with a per-sequence seeded generator, and
+a model's own sampling defaults."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -29,3 +33,16 @@ def generator(p: SamplingParams) -> torch.Generator | None:
     g = torch.Generator()
     g.manual_seed(p.seed if p.seed is not None else torch.seed())
     return g
+
+
+def model_defaults(path: Path) -> dict:
+    """temperature, top_p and top_k from a model's generation_config.json when it samples
+    (`do_sample`), with transformers' values for the keys it leaves out; {} for greedy or no file."""
+    try:
+        gen = json.loads((Path(path) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(gen, dict) or not gen.get("do_sample"):
+        return {}
+    unset = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
+    return {k: gen[k] if gen.get(k) is not None else v for k, v in unset.items()}

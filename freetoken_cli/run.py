@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -16,9 +17,10 @@ from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, Device, E
 def run(model: Optional[str] = ModelArg,
         prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="prompt text; piped stdin is appended"),
         max_tokens: int = typer.Option(512, help="most tokens to generate"),
-        temperature: float = typer.Option(0.0, help="0 = greedy"),
-        top_p: float = typer.Option(1.0, help="nucleus sampling mass"),
-        top_k: int = typer.Option(0, help="sample among the k most likely tokens (0 = off)"),
+        temperature: Optional[float] = typer.Option(None, help="0 = greedy [default: the model's, else 0]"),
+        top_p: Optional[float] = typer.Option(None, help="nucleus sampling mass [default: the model's, else 1]"),
+        top_k: Optional[int] = typer.Option(None, help="sample among the k most likely tokens, 0 = off "
+                                            "[default: the model's, else 0]"),
         seed: Optional[int] = typer.Option(None, help="sampling seed"),
         raw: bool = typer.Option(False, "--raw", help="no chat template: continue the prompt text"),
         system: Optional[str] = typer.Option(None, help="system message"),
@@ -46,8 +48,8 @@ def run(model: Optional[str] = ModelArg,
     text = None if interactive else _read_prompt(prompt)
     if record_trace:
         check_writable(record_trace, "--record-trace")
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                            seed=seed, ignore_eos=ignore_eos)
+    given = {k: v for k, v in dict(temperature=temperature, top_p=top_p, top_k=top_k).items() if v is not None}
+    params = SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos, **given)  # checked before loading
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context,
                         no_graph or record_trace is not None,  # recording reads ids on the host
                         prefill_chunk=prefill_chunk, verify=verify, elastic=elastic,
@@ -65,6 +67,8 @@ def run(model: Optional[str] = ModelArg,
         llm = LLM(cfg, bar, say=lambda m: typer.echo(m, err=True) if verbose else None)
     finally:
         bar.close()
+    # what the command line leaves out comes from the model's generation_config.json
+    params = replace(params, **{k: v for k, v in llm.sampling_defaults.items() if k not in given})
     if record_trace:
         from engine.moe.replay import Recorder
         llm.runner.runtime.routing = Recorder(record_trace, len(llm.runner.runtime.store.banks))

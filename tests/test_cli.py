@@ -81,6 +81,20 @@ def test_run_hf_directory_converts_once(tiny_hf):
     assert len(set(models.iterdir()) - before) == 1
 
 
+def test_run_takes_sampling_defaults_from_the_model(tiny_hf, tmp_path):
+    """generation_config.json's sampling values apply where the command line gives none (a bad
+    top_p there is reported, --top-p overrides it); a greedy config keeps greedy decoding."""
+    from engine.sampling import model_defaults
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_hf, hf)
+    (hf / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_p": 0, "eos_token_id": 2}))
+    assert model_defaults(hf) == {"temperature": 1.0, "top_p": 0, "top_k": 50}  # transformers' values if unset
+    one_line_error(cli("run", hf, "-p", "x", "--raw", "--max-tokens", 1, "--device", "cpu"), "top_p")
+    assert cli("run", hf, "-p", "x", "--raw", "--max-tokens", 1, "--device", "cpu", "--top-p", 0.9).exit_code == 0
+    (hf / "generation_config.json").write_text(json.dumps({"do_sample": False, "temperature": 0.7}))
+    assert model_defaults(hf) == {}
+
+
 def test_piped_stdin_prints_only_the_answer(tiny_hf):
     r = cli("run", tiny_hf, "--prompt", "explain", "--max-tokens", 6, "--ignore-eos", "--device", "cpu",
             "--verbose", input="def add(a, b):\n    return a + b\n")

@@ -1,19 +1,31 @@
 """How well layer l's MoE input predicts layer l+1's experts: the share of layer l+1's top-k that
 layer l+1's router picks from layer l's input (the cross-layer prefetch signal), over a prompt's
-tokens. Usage: python3 -m engine.bench.prefetch_accuracy [demo | SHAPE LAYERS] (CPU is enough)."""
+tokens. The routing proxy of scripts/train_demo.py applies `predicted_share` to its own model.
+Usage: python3 -m engine.bench.prefetch_accuracy [demo | SHAPE LAYERS] (CPU is enough)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from engine.config import EngineConfig
 
 
+def predicted_share(inputs: list[torch.Tensor], route: Callable[[int, torch.Tensor], torch.Tensor]) -> list[float]:
+    """Per layer pair (l, l+1): mean over tokens of |predicted & routed| / K, where layer l+1's
+    router predicts from layer l's MoE input. inputs[l] is layer l's MoE input [tokens, hidden];
+    route(l, x) gives layer l's router's top-k expert ids [tokens, K] for x."""
+    out = []
+    for layer in range(1, len(inputs)):
+        pred, real = route(layer, inputs[layer - 1]), route(layer, inputs[layer])
+        out.append(float((pred[:, :, None] == real[:, None, :]).any(-1).float().mean()))
+    return out
+
+
 def accuracy(runner, tokens: list[int]) -> list[float]:
-    """Per layer pair (l, l+1): mean over tokens of |predicted ∩ routed| / K, where layer l+1's
-    router predicts from layer l's MoE input."""
+    """`predicted_share` of an engine model over a prompt's tokens."""
     from engine.kv.batch import ForwardBatch
     blocks = runner.model.moe_blocks()
     inputs: dict[int, torch.Tensor] = {}
@@ -26,12 +38,7 @@ def accuracy(runner, tokens: list[int]) -> list[float]:
         runner.kv.release(pages)
         for h in hooks:
             h.remove()
-    out = []
-    for i, nxt in enumerate(blocks[1:]):
-        pred = nxt.route(inputs[i])[1]
-        real = nxt.route(inputs[i + 1])[1]
-        out.append(float((pred[:, :, None] == real[:, None, :]).any(-1).float().mean()))
-    return out
+    return predicted_share([inputs[i] for i in range(len(blocks))], lambda layer, x: blocks[layer].route(x)[1])
 
 
 def main(args: list[str]) -> None:
