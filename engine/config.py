@@ -100,6 +100,7 @@ class SamplingParams:
     temperature: float = 0.0            # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0                      # 0 = off
+    repetition_penalty: float = 1.0     # transformers' rule over prompt and output tokens; 1 = off
     seed: int | None = None
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
@@ -107,6 +108,7 @@ class SamplingParams:
     grammar: str | None = None          # sample only what this grammar allows (engine.constrain)
 
     def __post_init__(self):
-        if self.max_tokens < 0 or self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+        if (self.max_tokens < 0 or self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0
+                or self.repetition_penalty <= 0):
             raise UserError("sampling options out of range: need max_tokens >= 0, temperature >= 0, "
-                            "0 < top_p <= 1, top_k >= 0")
+                            "0 < top_p <= 1, top_k >= 0, repetition_penalty > 0")

@@ -10,8 +10,16 @@ import torch
 from engine.config import SamplingParams
 
 
-def sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-    """logits [V] float32 -> token id."""
+def sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
+               seen: list[int] = ()) -> int:
+    """logits [V] float32 -> token id. `seen`: the sequence's tokens so far (prompt and output),
+    whose logits a repetition penalty scales as transformers does (a positive one divided by it,
+    a negative one multiplied)."""
+    if p.repetition_penalty != 1.0 and seen:
+        ids = torch.tensor(sorted(set(seen)), device=logits.device)
+        picked = logits[ids]
+        logits = logits.index_put((ids,), torch.where(picked > 0, picked / p.repetition_penalty,
+                                                      picked * p.repetition_penalty))
     if p.temperature == 0:
         return int(logits.argmax())
     logits = logits / p.temperature
@@ -36,13 +44,17 @@ def generator(p: SamplingParams) -> torch.Generator | None:
 
 
 def model_defaults(path: Path) -> dict:
-    """temperature, top_p and top_k from a model's generation_config.json when it samples
-    (`do_sample`), with transformers' values for the keys it leaves out; {} for greedy or no file."""
+    """A model's sampling defaults from its generation_config.json: temperature, top_p and top_k
+    when it samples (`do_sample`, transformers' values for the keys it leaves out), and its
+    repetition_penalty; {} without a file."""
     try:
         gen = json.loads((Path(path) / "generation_config.json").read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(gen, dict) or not gen.get("do_sample"):
+    if not isinstance(gen, dict):
         return {}
-    unset = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
-    return {k: gen[k] if gen.get(k) is not None else v for k, v in unset.items()}
+    out = {"repetition_penalty": gen["repetition_penalty"]} if gen.get("repetition_penalty") else {}
+    if gen.get("do_sample"):
+        unset = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
+        out |= {k: gen[k] if gen.get(k) is not None else v for k, v in unset.items()}
+    return out

@@ -212,10 +212,8 @@ class Scheduler:
                 forced = s.params.forced
                 if len(s.output) < len(forced):
                     tok = forced[len(s.output)]
-                elif s.constraint:
-                    tok = sample_row(s.constraint.mask(row), s.params, s.gen)
                 else:
-                    tok = sample_row(row, s.params, s.gen)
+                    tok = sample_row(s.constraint.mask(row) if s.constraint else row, s.params, s.gen, s.tokens)
                 if s.constraint:
                     s.constraint.advance(tok)
                 s.tokens.append(tok)

@@ -123,6 +123,8 @@ def parse_args(argv=None):
     c = sub.add_parser("corpus", help="download the sdists and write the corpus file")
     c.add_argument("--out", required=True)
     c.add_argument("--sdists", default=".probe/train/sdists", help="download directory (kept between runs)")
+    g = sub.add_parser("sampling", help="choose the repetition penalty of the shipped model with FreeToken's engine")
+    g.add_argument("--model", default="engine/demo/model")
     for mode, d in MODES.items():
         m = sub.add_parser(mode)
         m.add_argument("--out", required=True)
@@ -527,6 +529,44 @@ def generation_config(tok, temperature):
     return GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id, **sampling)
 
 
+PENALTIES = (1.0, 1.05, 1.1, 1.15, 1.2, 1.3)
+
+
+def choose_penalty(path):
+    """Greedy answers to PROMPTS (160 tokens at most) from the model as shipped, through FreeToken's
+    engine on the CPU, for each repetition penalty in PENALTIES; the smallest with every answer
+    passing (distinct 4-gram ratio >= 0.6, parses as Python) goes to generation_config.json and
+    training_metrics.json. The device's choice of temperature ran transformers on the fp32 weights
+    before the bfloat16 cast, where greedy answers did not loop; on the shipped weights they can."""
+    from engine.config import EngineConfig, SamplingParams
+    from engine.llm import LLM
+    from engine.scheduler import Scheduler, Sequence
+    llm = LLM(EngineConfig(model=path, device="cpu"))
+    tok, rates = llm.tokenizer, {}
+    for pen in PENALTIES:
+        ok = 0
+        for prompt in PROMPTS:
+            seq = Sequence(tok.chat([{"role": "user", "content": prompt}]),
+                           SamplingParams(max_tokens=160, repetition_penalty=pen))
+            sched = Scheduler(llm.runner, tok.eos_ids, 1, 2048, prefix_cache=False)
+            sched.add(seq)
+            while not seq.finish:
+                sched.step()
+            out = [t for t in seq.output if t not in tok.eos_ids]
+            ok += distinct_4gram_ratio(out) >= 0.6 and parses(tok.decode(out), seq.finish == "stop")
+        rates[pen] = ok / len(PROMPTS)
+        log(f"repetition penalty {pen}: {rates[pen]:.2f} of answers pass")
+    pen = min((p for p in PENALTIES if rates[p] == 1.0), default=max(rates, key=rates.get))
+    for name in ("generation_config.json", "training_metrics.json"):
+        f = os.path.join(path, name)
+        d = json.load(open(f))
+        d.update({"repetition_penalty": pen} if name.startswith("gen") else {"repetition_penalty_pass_rate": rates,
+                                                                           "repetition_penalty": pen})
+        with open(f, "w") as fh:
+            json.dump(d, fh, indent=2)
+    print(f"repetition penalty {pen} (pass rates {rates})")
+
+
 # --- routing proxy ------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -652,6 +692,8 @@ def main(argv=None):
                   f"  (metadata: {s.get('license_metadata', '-')})")
         print(f"{header['files']} files, {header['bytes']:,} bytes -> {args.out} ({os.path.getsize(args.out):,} bytes)")
         return
+    if args.mode == "sampling":
+        return choose_penalty(args.model)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     torch.set_num_threads(args.threads)

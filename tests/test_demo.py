@@ -38,7 +38,8 @@ def test_demo_greedy_matches_transformers_and_is_stable(demo):
             sched.step()
         outs.append(seq.output)
     ref = AutoModelForCausalLM.from_pretrained(DEMO, dtype=torch.float32).eval()
-    want = ref.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
+    want = ref.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,  # not the model's penalty
+                        repetition_penalty=1.0)[0, len(ids):].tolist()
     assert outs[0] == outs[1] == want
     assert "def" in tok.decode(outs[0])
 
@@ -98,3 +99,22 @@ def test_demo_beats_unigram_on_heldout_code(demo):
     counts = Counter(ids[1:])  # the unigram model fitted on these very tokens: an optimistic baseline
     unigram = -sum(c / n * math.log(c / n) for c in counts.values())
     assert loss < 0.7 * unigram, (loss, unigram)
+
+
+def test_repetition_penalty_matches_transformers():
+    """sample_row's penalty is transformers' RepetitionPenaltyLogitsProcessor over the prompt and
+    output tokens (repeats counted once), greedy and sampled alike."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from engine.config import SamplingParams
+    from engine.sampling import sample_row
+    torch.manual_seed(0)
+    logits, seen = torch.randn(50), [3, 7, 7, 12, 40, 3]
+    want = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([seen]), logits[None].clone())[0]
+    assert sample_row(logits, SamplingParams(repetition_penalty=1.3), None, seen) == int(want.argmax())
+    logits[7] = logits.max() + 0.1  # a seen token on top: the penalty moves the greedy pick
+    assert sample_row(logits, SamplingParams(), None, seen) == 7
+    assert sample_row(logits, SamplingParams(repetition_penalty=5.0), None, seen) != 7
+    p = SamplingParams(temperature=1.0, top_k=1, repetition_penalty=5.0)
+    want = RepetitionPenaltyLogitsProcessor(5.0)(torch.tensor([seen]), logits[None].clone())[0]
+    assert sample_row(logits, p, torch.Generator().manual_seed(0), seen) == int(want.argmax())

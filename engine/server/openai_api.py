@@ -63,13 +63,15 @@ class Sampling(m.Body):
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None  # vLLM's extension: generate past end-of-sequence
+    repetition_penalty: float | None = None  # vLLM's extension (default: the model's)
     n: int = 1
 
     def sampling(self) -> dict:
         if self.n != 1:
             raise m.APIError(400, "only n = 1 is supported", param="n")
         return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                    top_k=self.top_k, seed=self.seed, stop=self.stop, ignore_eos=self.ignore_eos)
+                    top_k=self.top_k, seed=self.seed, stop=self.stop, ignore_eos=self.ignore_eos,
+                    repetition_penalty=self.repetition_penalty)
 
 
 class ChatRequest(Sampling):

@@ -128,8 +128,10 @@ class Server:
             rules = grammar(output, llm.grammars, tool, reasoning, starts)
             if rules:
                 llm.grammars.check(rules)
+            given = {k: v for k, v in sampling.items() if v is not None}
+            penalty = llm.sampling_defaults.get("repetition_penalty")  # the model's, as run applies it
             params = SamplingParams(max_tokens=min(limits, default=llm.runner.max_context), stop=_stops(stop),
-                                    grammar=rules, **{k: v for k, v in sampling.items() if v is not None})
+                                    grammar=rules, **({"repetition_penalty": penalty} if penalty else {}) | given)
         except UserError as e:
             raise APIError(400, str(e), code="context_length_exceeded" if "context" in str(e) else None) from None
         forced = request.headers.get(FORCE_HEADER) if self.options.allow_forced_output else None
