@@ -31,8 +31,10 @@ def size_text(n: int) -> str:
 
 def resize_experts(runner, budget: int, max_running: int) -> None:
     """Resize the expert cache to `budget` bytes (at most every expert); call between steps.
-    A budget below one layer's experts raises UserError and changes nothing; one the device has
-    no room for keeps the old size (warm) and raises UserError."""
+    A budget below one layer's experts raises UserError and changes nothing. When the device has
+    no room for the pool and the decode graphs' capture beside it (another program may take memory
+    while the old pool is freed), the cache gets the size that fits, down to one layer's experts
+    (warm), and UserError says so."""
     rt = runner.runtime
     c, store = rt.cache, rt.store
     slot = store.layout.slot_bytes
@@ -41,21 +43,28 @@ def resize_experts(runner, budget: int, max_running: int) -> None:
         return
     assert not rt.streamer.active, "the expert cache is resized between steps only"
     rt.sync_stats()
-    old, graphs, err = c.tables, runner.graphs is not None, None
+    old, graphs, asked, short = c.tables, runner.graphs is not None, slots, False
     release_graphs(runner)
-    try:
-        c.resize(slots, least=store.n_experts)
-    except torch.cuda.OutOfMemoryError:
-        err = UserError(f"the device has no room for {size_text(slots * slot)} of experts; the cache "
-                        f"holds {size_text(c.nbytes)}. Free device memory or ask for less")
-    if graphs:
-        capture_graphs(runner, max_running)
+    while True:
+        try:
+            c.resize(slots, least=store.n_experts)
+            if graphs:  # the capture's warm-up needs room beside the pool too
+                capture_graphs(runner, max_running)
+            break
+        except torch.cuda.OutOfMemoryError:
+            # another program took the memory meanwhile: the size the pool fell back to, else half
+            # of it, down to one layer's experts
+            release_graphs(runner)
+            if slots == store.n_experts:
+                raise
+            short, slots = True, c.n_slots if c.n_slots < slots else max(store.n_experts, slots // 2)
     if c.nbytes >= store.nbytes:
         rt.warm()  # every expert fits: all resident, as at load
     else:
         c.adopt(old, store.rows)
-    if err:
-        raise err
+    if short:
+        raise UserError(f"the device has no room for {size_text(asked * slot)} of experts; the cache "
+                        f"holds {size_text(c.nbytes)}. Free device memory or ask for less")
 
 
 class DeviceMemory:

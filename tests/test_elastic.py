@@ -128,6 +128,24 @@ def test_memory_taken_during_a_resize_leaves_the_largest_cache_that_fits(tiny_mo
     check_cache(e.runtime)
     assert len(decode_two(e, tokens=4)[0]) == 4
 
+    # the pool fits, but the decode graphs' capture beside it does not: a smaller pool, captured
+    import engine.elastic as elastic
+    monkeypatch.setattr(ExpertCache, "_allocate", allocate)
+    captured = []
+
+    def capture(runner, max_running):
+        if runner.runtime.cache.n_slots > 12:
+            raise torch.cuda.OutOfMemoryError("out of memory")
+        runner.graphs = captured.append(runner.runtime.cache.n_slots) or "graphs"
+    monkeypatch.setattr(elastic, "capture_graphs", capture)
+    monkeypatch.setattr(elastic, "release_graphs", lambda runner: setattr(runner, "graphs", None))
+    e.graphs = "graphs"
+    with pytest.raises(UserError, match="no room for .* the cache holds"):
+        resize_experts(e, 20 * slot, 2)
+    assert captured == [10] and e.runtime.cache.n_slots == 10 and e.graphs == "graphs"
+    e.graphs = None
+    check_cache(e.runtime)
+
 
 class FakeGPU:
     """Free memory of one device shared by the engine's expert cache and another program."""
@@ -279,11 +297,13 @@ def test_chat_budget_command(demo, capsys):
     assert chat.command("/budget 1KiB")
     assert "error: expert budget" in capsys.readouterr().out
     chat.command("/budget 3MiB")
-    assert "expert cache 3.0 MiB (8 experts), budget 3.0 MiB" in capsys.readouterr().out
-    assert demo.runner.runtime.cache.n_slots == 8
+    slot = demo.runner.runtime.store.layout.slot_bytes
+    n = 3 * 2**20 // slot
+    assert f"expert cache {n * slot / 2**20:.1f} MiB ({n} experts), budget 3.0 MiB" in capsys.readouterr().out
+    assert demo.runner.runtime.cache.n_slots == n
     chat.answer("hello")
     chat.command("/stats")
-    assert "full of 3.0 MiB" in capsys.readouterr().out
+    assert f"full of {n * slot / 2**20:.1f} MiB" in capsys.readouterr().out
 
 
 def test_elastic_needs_cuda():
