@@ -119,6 +119,23 @@ def test_gpt_oss_sliding_layers_read_only_their_window(tiny_model):
     assert rel_err(torch.cat(got), want) < 1e-5
 
 
+def test_gpt_oss_reference_clamps_at_the_config_limit(tiny_model):
+    """The tiny checkpoint's swiglu_limit clamps, and transformers' experts (the parity reference)
+    apply the activation the engine reads from config.json, whatever transformers' version (5.17
+    hard-codes limit 7.0; tiny.build sets the config's)."""
+    import json
+
+    from engine.models import model_config
+    from kernels import ref
+    model, hf, _ = tiny_model("gpt_oss")
+    act = model_config(json.loads((hf / "config.json").read_text())).expert_act
+    gate_up = torch.linspace(-3, 3, 64).view(2, 32)          # gate and up interleaved, past the limit
+    assert act.limit < 3.0
+    want = ref.act_and_mul(torch.cat((gate_up[:, ::2], gate_up[:, 1::2]), -1), act)
+    for layer in model.model.layers:
+        torch.testing.assert_close(layer.mlp.experts._apply_gate(gate_up), want)
+
+
 def test_gpt_oss_synthetic_shape():
     """--synthetic gpt-oss-120b: the released config's architecture, experts with biases in the
     slot (bf16 and MXFP4 bytes per MoE layer as the README states them)."""

@@ -87,6 +87,9 @@ def build(arch: str, out: Path, fused: bool = False, seed: int = 0, **kw):
         model = Qwen3_5MoeForConditionalGeneration._from_config(cfg, dtype=torch.float32).eval()
     else:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    if arch == "gpt_oss":  # transformers 5.17 ignores swiglu_limit (its experts clamp at 7.0); 5.24 reads it
+        for experts in (layer.mlp.experts for layer in model.model.layers):
+            experts.limit = cfg.swiglu_limit
     perturb_(model, seed)
     model.save_pretrained(out, save_original_format=not fused)
     return model
