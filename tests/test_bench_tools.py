@@ -31,12 +31,81 @@ def test_split_model_prices_whole_expert_splits():
     """Fresh experts every step at B_P = B_H: two misses split evenly (the ideal), three cannot
     (one side takes two experts: 2 expert-times against the ideal 1.5)."""
     import numpy as np
-    from engine.bench.split_model import price
+    from engine.bench.split_model import Machine, price
+    m = Machine(b_p=1e9, b_h=1e9, b_p_solo=1e9, b_h_solo=1e9, job_s=0.0, experts_s=0.0, expert_bytes=10**9)
     for k, ratio in [(2, 1.0), (3, 0.75)]:
         trace = np.arange(10 * k).reshape(10, 1, k)  # never a repeat: every route misses
-        r = price(trace, slots=4, experts=64, b_p=1e9, b_h=1e9, expert_bytes=10**9, warm_tokens=0)
+        r = price(trace, slots=4, experts=64, m=m, warm_tokens=0)
         assert r["hit_rate"] == 0 and r["fetched"] + r["cpu"] == k
         assert r["ideal_s"] / r["split_s"] == ratio and r["ideal_s"] == k / 2
+    assert price(np.arange(20).reshape(10, 2, 1), slots=128, experts=64, m=m, warm_tokens=0)["hit_rate"] == 1  # all fit: all loaded
+
+
+def test_split_model_prefetches_into_the_idle_link():
+    """Two layers, one route each: layer 0 always expert 0, layer 1 a fresh expert every token,
+    fetched (q = 1) at 1 ms an expert. A window of 1.5 ms holds one fill: a right guess makes layer
+    1 hit and the token's miss time 0; a window of 0.5 ms holds none. A wrong guess costs the link
+    time only and enters as least recently used, so with two slots it, not expert 0, is the next
+    victim: layer 0 keeps hitting. On the CPU (q = 0) the miss overlaps the GPU's expert kernels."""
+    from dataclasses import replace
+
+    import numpy as np
+    import pytest
+    from engine.bench.split_model import Guess, Machine, price, tok_s
+    trace = np.array([[[0], [t + 1]] for t in range(20)])
+    m = Machine(b_p=1e9, b_h=1e9, b_p_solo=1e9, b_h_solo=1e9, job_s=0.0, experts_s=0.0, gap_s=1.5e-3,
+                expert_bytes=10**6)
+    oracle = Guess(trace, 64, [1.0])
+    plain = price(trace, 2, 64, m, q=1.0, warm_tokens=2)
+    assert plain["split_s"] == pytest.approx(1e-3) and plain["hit_rate"] == 0.5
+    assert tok_s(plain, 1e-3) == pytest.approx(500)
+    right = price(trace, 2, 64, m, q=1.0, predict=oracle, warm_tokens=2)
+    assert right["split_s"] == 0 and right["hit_rate"] == 1 and right["prefetched"] == right["used"] == 1
+    short = price(trace, 2, 64, replace(m, gap_s=0.5e-3), q=1.0, predict=oracle, warm_tokens=2)
+    assert short["prefetched"] == 0 and short["split_s"] == pytest.approx(1e-3)
+    wrong = price(trace, 2, 64, m, q=1.0, predict=lambda tok, layer: [63], warm_tokens=2)
+    assert wrong["prefetched"] == 1 and wrong["used"] == 0 and wrong["hit_rate"] == 0.5
+    assert wrong["split_s"] == pytest.approx(1e-3)
+    on_cpu = price(trace, 2, 64, replace(m, experts_s=0.4e-3, job_s=0.1e-3), q=0.0, warm_tokens=2)
+    assert on_cpu["cpu"] == 2 and on_cpu["split_s"] == pytest.approx(1.4e-3)  # nothing cached: 2 x (1 + 0.1 - 0.4) ms
+
+
+def test_split_model_prints_each_policy_and_prefetch(tmp_path, capsys):
+    """The command prints a row per policy and prefetch at each budget; a budget that holds every
+    expert estimates the all-resident tok/s; a --share of the wrong length is refused."""
+    import json
+
+    import numpy as np
+    import pytest
+    from engine.bench import split_model
+    np.save(tmp_path / "t.npy", np.random.default_rng(0).integers(0, 8, (40, 3, 2)).astype(np.int16))
+    prof = {"h2d_gbps": 50, "h2d_concurrent_gbps": 48, "cpu_expert_gbps": 100, "cpu_expert_concurrent_gbps": 90,
+            "expert_bytes": split_model.EXPERT_BYTES}
+    (tmp_path / "p.json").write_text(json.dumps(prof))
+    args = [str(tmp_path / "t.npy"), "--profile", str(tmp_path / "p.json"), "--resident", "600,2700", "--experts", "8",
+            "--budgets", "90MiB,1GiB", "--tokens", "8:"]
+    split_model.main(args + ["--share", "0.5,0.9"])
+    out = capsys.readouterr().out
+    for name in ("adaptive", "fetch", "cpu", "adaptive + prefetch", "adaptive + oracle prefetch"):
+        assert out.count(f"  {name}: ") == 2
+    assert "24 slots, 100% of the experts" in out and "600.0 tok/s (1.000x adaptive), hit rate 100.0%" in out
+    with pytest.raises(SystemExit, match="needs 2 values"):
+        split_model.main(args + ["--share", "0.5"])
+
+
+def test_guess_hits_its_share():
+    """The modelled predictor: share 1 guesses the routed experts, share 0 none of them, share 0.5
+    half of them on average; always K distinct guesses."""
+    import numpy as np
+    from engine.bench.split_model import Guess
+    rng = np.random.default_rng(1)
+    trace = np.stack([np.stack([rng.choice(32, 4, replace=False) for _ in range(2)]) for _ in range(500)])
+    for share, want in [(1.0, 1.0), (0.0, 0.0), (0.5, 0.5)]:
+        g = Guess(trace, 32, [share])
+        got = [g(t, 1) for t in range(500)]
+        assert all(len(set(x)) == 4 for x in got)
+        hit = np.mean([len(set(x) & set(trace[t, 1].tolist())) / 4 for t, x in enumerate(got)])
+        assert abs(hit - want) < 0.05
 
 
 _BENCH = """
