@@ -106,7 +106,10 @@ def source_label(src: Path) -> str:
 
 
 def fingerprint(model_dir: Path, dtype: str, quant: tuple | None = None) -> str:
-    h = hashlib.sha256((model_dir / "config.json").read_bytes())
+    h = hashlib.sha256()
+    for name in SIDE_FILES:  # the files copied beside the weights (an edited template is a new model)
+        if (model_dir / name).exists():
+            h.update((model_dir / name).read_bytes())
     for f in sorted(model_dir.glob("*.safetensors")):
         h.update(f"{f.name}:{f.stat().st_size}".encode())
     h.update(f"{dtype}:{CONVERTER}".encode())
