@@ -22,7 +22,8 @@ def persist_compile_caches() -> None:
     """Keep compiled artifacts in the user cache directory, so every start after the first reuses
     them: TorchInductor's caches (FX graphs, AOTAutograd, its Triton kernels; by default under the
     temporary directory, which a reboot or a fresh machine empties) and the Triton cache of the
-    engine's own kernels. Directories the user set win."""
+    engine's own kernels. Directories the user set win. The engine package calls this when it is
+    imported, before torch can fix its own default."""
     root = cache_dir() / "compile"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))

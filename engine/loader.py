@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from engine.config import EngineConfig, persist_compile_caches
+from engine.config import EngineConfig
 from engine.errors import UserError
 from engine.kv.paged import KVPool
 from engine.layers.rope import Rope
@@ -140,7 +140,6 @@ class Phases:
 def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: HostExpertStore,
              device: torch.device, dtype: torch.dtype, path: Path | None, clock: Phases) -> ModelRunner:
     """KV pool, expert cache and runtime around loaded weights; runner.timings gets the load's phases."""
-    persist_compile_caches()  # before the graph warm-up compiles anything
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,

@@ -59,6 +59,14 @@ def compiled_from_source(since: float) -> int:
     return n
 
 
+def triton_compiled(since: float) -> int:
+    """Kernels Triton compiled in this process: entries of its cache directory written after
+    `since` (epoch seconds); a cache hit writes none."""
+    import triton
+    d = Path(triton.knobs.cache.dir)
+    return sum(p.stat().st_mtime >= since for p in d.iterdir() if p.is_dir()) if d.is_dir() else 0
+
+
 def compile_account() -> dict:
     """torch.compile's seconds in this process and its on-disk cache hits and misses."""
     if "torch._dynamo" not in sys.modules:  # nothing was compiled (the CPU path runs plain torch)
@@ -66,7 +74,8 @@ def compile_account() -> dict:
                 "autograd_cache_hit": 0, "autograd_cache_miss": 0}
     from torch._dynamo.utils import calculate_time_spent, counters
     return {"torch_compile_s": calculate_time_spent().get("total_wall_time", 0.0),
-            **{k: counters["inductor"][k] for k in ("fx_graph_cache_hit", "fx_graph_cache_miss")},
+            "fx_graph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+            "fx_graph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
             **{k: counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss")}}
 
 
@@ -93,7 +102,7 @@ def report(runner: ModelRunner, started: float, imported: float, profile_s: floa
     out = {"phases": phases, "ready_s": ready, "expert_bytes": nbytes, "read_gbps": nbytes / t["read"] / 1e9,
            "prompt_tokens": prompt_tokens, "first_prefill_s": first, "second_prefill_s": second,
            "first_request_ratio": first / second, **compile_account(),
-           "modules_compiled_from_source": compiled_from_source(started)}
+           "triton_compiled": triton_compiled(started), "modules_compiled_from_source": compiled_from_source(started)}
     if disk:
         out.update(disk_gbps=disk[0] / 1e9, disk_direct=disk[1], read_bound_s=nbytes / disk[0])
     return out
