@@ -483,6 +483,29 @@ def test_qkv_rope_write_matches_unfused(dtype, norm, partial):
     assert (kc_d.cpu()[rest] == 9).all() and (vc_d.cpu()[rest] == 9).all()
 
 
+# ---------------------------------------------------------------- norms
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_kernels_match_reference(dtype):
+    """RMSNorm rows of a 2-D input, a column slice (rows strided) and per-head rows of a 3-D
+    one, and the residual add with the norm, against the plain functions; the weight's dtype
+    promotes the result as in torch."""
+    from engine.layers.norm import _rms_norm
+    from kernels.norm_triton import add_rms_norm, rms_norm
+    _need(dtype)
+    gen = torch.Generator().manual_seed(5)
+    x, d = (torch.randn(5, 3 * 40, generator=gen).to(dtype) for _ in range(2))
+    w = (1 + 0.2 * torch.randn(40, generator=gen)).to(dtype)
+    for inp in (x[:, :40].contiguous(), x[:, 40:80], x.view(5, 3, 40)):
+        got = rms_norm(inp.to(DEV), w.to(DEV), 1e-6)
+        assert got.dtype == dtype and got.shape == inp.shape
+        _close(got, _rms_norm(inp.float(), w.float(), 1e-6), dtype)
+    assert rms_norm(x[:, :40].to(DEV), w.float().to(DEV), 1e-6).dtype == torch.float32
+    h, y = add_rms_norm(x[:, :40].to(DEV), d[:, :40].to(DEV), w.to(DEV), 1e-6)
+    want_h = x[:, :40] + d[:, :40]
+    assert torch.equal(h.cpu(), want_h)
+    _close(y, _rms_norm(want_h.float(), w.float(), 1e-6), dtype)
+
+
 # ---------------------------------------------------------------- CPU-branch merge
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_merge_matches_torch(dtype):
