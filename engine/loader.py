@@ -74,6 +74,10 @@ def expert_slots(config: EngineConfig, layout: SlotLayout, store_bytes: int, n_e
 
 
 def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, int], None] | None = None) -> ModelRunner:
+    """The experts are read on a background thread from the start; meanwhile this thread
+    creates the device context, loads the dense weights and builds the KV pool, the expert cache
+    and its control, which need only the host store's addresses. The decode graphs' warm-up and
+    capture and the resident copy wait for the read."""
     from ftw import FTWReader
     reader = FTWReader(path)
     if config.verify:
@@ -82,8 +86,6 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     device = pick_device(config.device)
     dtype = compute_dtype(reader.meta["dtype"], device)
     clock = Phases()
-    model = load_dense(reader, cfg, device, dtype)
-    clock.mark("dense")
     layout = SlotLayout.from_meta(reader.meta["layout"])
     total, done = len(cfg.moe_layer_ids) * cfg.num_experts * layout.slot_bytes, [0]
 
@@ -92,11 +94,21 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
         if progress:
             progress("experts", done[0], total)
     store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, tick)
-    clock.mark("read")
+    try:
+        start_device(device)
+        clock.mark("device")
+        model = load_dense(reader, cfg, device, dtype)
+        clock.mark("dense")
+        return assemble(config, cfg, model, store, device, dtype, path, clock)
+    except BaseException:
+        store.stop()
+        raise
+
+
+def start_device(device: torch.device) -> None:
+    """Create the CUDA context now, a phase of its own (the first CUDA call would otherwise)."""
     if device.type == "cuda":
-        store.pin()
-    clock.mark("pin")
-    return assemble(config, cfg, model, store, device, dtype, path, clock)
+        torch.zeros(1, device=device)
 
 
 def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0,
@@ -109,6 +121,8 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     device = pick_device(config.device)
     dtype = compute_dtype(cfg.dtype, device)
     gen, clock = torch.Generator().manual_seed(seed), Phases()
+    start_device(device)
+    clock.mark("device")
     with torch.device("meta"):
         model = CausalLM(cfg)
     model.to_empty(device="cpu")
@@ -118,10 +132,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     clock.mark("dense")
     store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, expert_layout(cfg, quant))
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
-    clock.mark("read")  # random experts written in place of the read
-    if device.type == "cuda":
-        store.pin()
-    clock.mark("pin")
+    clock.mark("build")  # random experts written in place of the read
     return assemble(config, cfg, model, store, device, dtype, None, clock)
 
 
@@ -139,16 +150,16 @@ class Phases:
 
 def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: HostExpertStore,
              device: torch.device, dtype: torch.dtype, path: Path | None, clock: Phases) -> ModelRunner:
-    """KV pool, expert cache and runtime around loaded weights; runner.timings gets the load's phases."""
+    """KV pool, expert cache and runtime around loaded weights (the store's contents may still be
+    loading); runner.timings gets the load's phases."""
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context
     kv = KVPool(cfg.num_layers, -(-kv_tokens // config.page_size) + config.max_running, config.page_size,
                 *cfg.kv_row, dtype, device, values=cfg.mla is None)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
     clock.mark("kv")
-    rebuild_experts(runner, store, config)
+    rebuild_experts(runner, store, config, clock=clock)
     runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
-    clock.mark("experts")
     runner.timings = clock.seconds
     return runner
 
@@ -180,10 +191,14 @@ def prefill_chunk_for(free: int, cfg: ModelConfig, max_context: int, dtype: torc
     return min(chunk, max(256, max_context))
 
 
-def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineConfig, routing=None) -> ExpertRuntime:
+def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineConfig, routing=None,
+                    clock: Phases | None = None) -> ExpertRuntime:
     """(Re)build the device expert cache and runtime for config's budget and policy (and an
     optional routing override, which a CUDA graph must see at capture). The host store is
-    untouched; the old cache is freed first."""
+    untouched; the old cache is freed first. What needs the store's contents (the decode graphs'
+    warm-up steps fill from it, the resident copy) waits for its load, then pins it. clock marks
+    the phases experts (cache, runtime, control), wait (for the read), pin, graphs, resident."""
+    clock = clock or Phases()
     cfg, layout, old = runner.cfg, store.layout, runner.runtime
     release_graphs(runner)
     if old is not None:
@@ -210,10 +225,18 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
         from engine.moe.device_control import DeviceControl
         runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
         runtime.device_ctl.set_q()  # the capture's warm-up steps must follow the policy too
-        if runner.device.type == "cuda":
-            capture_graphs(runner, config.max_running)
+    clock.mark("experts")
+    store.wait()
+    clock.mark("wait")
+    if runner.device.type == "cuda":
+        store.pin()
+    clock.mark("pin")
+    if graph and runner.device.type == "cuda":
+        capture_graphs(runner, config.max_running)
+    clock.mark("graphs")
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
         runtime.warm()
+    clock.mark("resident")
     return runtime
 
 

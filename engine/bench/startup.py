@@ -1,8 +1,9 @@
-"""What a cold start costs, phase by phase: the loader's own timings (dense weights, the expert
-read beside the disk's sequential read bound, pinning, the KV pool, the expert cache with the
-decode graphs' warm-up steps (torch.compile, Triton JIT) and captures), the machine profile,
-then two prefills of distinct prompts of one length: the first request's extra cost is the first
-minus the second. Beside them, torch.compile's own account: its seconds and its on-disk cache
+"""What a cold start costs, phase by phase: the loader's own timings (the device context, dense
+weights, the KV pool, the expert cache and its control, the wait for the expert read, which runs
+on its own thread from the start and is shown beside the disk's sequential read bound, pinning,
+the decode graphs' warm-up steps (Triton JIT) and captures, the resident experts' copy), the
+machine profile, then two prefills of distinct prompts of one length: the first request's extra
+cost is the first minus the second. Beside them, torch.compile's own account: its seconds and its on-disk cache
 hits and misses (a start after the first should only hit), and the Python modules compiled from
 source in this process (bytecode that could not be cached is recompiled on every start)."""
 from __future__ import annotations
@@ -86,23 +87,37 @@ def prefills(runner: ModelRunner, tokens: int) -> tuple[float, float]:
     return first, second
 
 
+def phases(runner: ModelRunner, import_s: float, profile_s: float) -> dict:
+    """Seconds of the start's phases in the order this thread ran them: the imports, the
+    loader's (its decode graphs' phase split into the warm-up steps, which compile, and the rest,
+    the captures), the machine profile."""
+    out = {"import": import_s}
+    for name, sec in runner.timings.items():
+        if name == "graphs":
+            compile_s = runner.graphs.seconds["compile"] if runner.graphs is not None else 0.0
+            out.update(compile=compile_s, capture=sec - compile_s)
+        else:
+            out[name] = sec
+    out["profile"] = profile_s
+    return out
+
+
 def report(runner: ModelRunner, started: float, imported: float, profile_s: float, prompt_tokens: int,
            disk: tuple[float, bool] | None) -> dict:
     """The phases of a start that began at `started` (epoch seconds, the process's start), had its
     modules imported at `imported` and then loaded `runner` and the profile; runs the two
-    prefills. disk: read_speed() of the checkpoint's disk (None for a synthetic model)."""
-    t = dict(runner.timings)
-    g = runner.graphs.seconds if runner.graphs is not None else {"compile": 0.0, "capture": 0.0}
+    prefills. The experts' read ran on its own thread beside the phases up to `wait` (read_s;
+    None for a synthetic model, whose experts are built in phase `build`). disk: read_speed() of
+    the checkpoint's disk (None for a synthetic model)."""
     ready = time.time() - started
     first, second = prefills(runner, prompt_tokens)
-    nbytes = runner.runtime.store.nbytes
-    phases = {"import": imported - started, "dense": t["dense"], "read": t["read"], "pin": t["pin"],
-              "kv": t["kv"], "compile": g["compile"], "capture": g["capture"],
-              "cache": t["experts"] - g["compile"] - g["capture"], "profile": profile_s}
-    out = {"phases": phases, "ready_s": ready, "expert_bytes": nbytes, "read_gbps": nbytes / t["read"] / 1e9,
+    store = runner.runtime.store
+    out = {"phases": phases(runner, imported - started, profile_s), "ready_s": ready,
+           "read_s": store.read_seconds, "expert_bytes": store.nbytes,
+           "read_gbps": store.nbytes / store.read_seconds / 1e9 if store.read_seconds else None,
            "prompt_tokens": prompt_tokens, "first_prefill_s": first, "second_prefill_s": second,
            "first_request_ratio": first / second, **compile_account(),
            "triton_compiled": triton_compiled(started), "modules_compiled_from_source": compiled_from_source(started)}
     if disk:
-        out.update(disk_gbps=disk[0] / 1e9, disk_direct=disk[1], read_bound_s=nbytes / disk[0])
+        out.update(disk_gbps=disk[0] / 1e9, disk_direct=disk[1], read_bound_s=store.nbytes / disk[0])
     return out
