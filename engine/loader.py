@@ -16,7 +16,7 @@ from engine.layers.rope import Rope
 from engine.models import model_config
 from engine.models.base import ModelConfig
 from engine.models.transformer import CausalLM, checkpoint_names, param_dtype
-from engine.moe.cache import ExpertCache, slots_for_budget
+from engine.moe.cache import CacheStats, ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
 from engine.moe.policy import MissPolicy
 from engine.moe.runtime import ExpertRuntime
@@ -197,7 +197,8 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     optional routing override, which a CUDA graph must see at capture). The host store is
     untouched; the old cache is freed first. What needs the store's contents (the decode graphs'
     warm-up steps fill from it, the resident copy) waits for its load, then pins it. clock marks
-    the phases experts (cache, runtime, control), wait (for the read), pin, graphs, resident."""
+    the phases experts (cache, runtime, control), wait (for the read), pin, prefill (warm-up),
+    graphs, resident."""
     clock = clock or Phases()
     cfg, layout, old = runner.cfg, store.layout, runner.runtime
     release_graphs(runner)
@@ -231,7 +232,11 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     if runner.device.type == "cuda":
         store.pin()
     clock.mark("pin")
-    if graph and runner.device.type == "cuda":
+    cuda_graphs = graph and runner.device.type == "cuda"
+    if cuda_graphs:  # on dummy tokens; the capture empties the tables after both
+        warm_prefill(runner)
+    clock.mark("prefill")
+    if cuda_graphs:
         capture_graphs(runner, config.max_running)
     clock.mark("graphs")
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
@@ -245,6 +250,33 @@ def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
     room a prefill chunk works in."""
     room = 2 * prefill_bytes(prefill_chunk or 2048, runner.cfg, runner.max_context, runner.kv.k.dtype)
     return GiB + runner.kv.bytes // 8 + room
+
+
+def warm_prefill(runner: ModelRunner) -> None:
+    """One short prefill on dummy tokens, so that the first request does not pay the first use
+    of the prefill path (its cuBLAS shapes, lazily loaded kernels, the eager plan's and experts'
+    torch ops): long enough to scan like a long prompt, its KV written to one scratch page. The
+    expert cache's counters and the streamer's compute estimate are reset after it; the tables
+    it filled are emptied by the capture that follows."""
+    from engine.kv.batch import ForwardBatch
+    from engine.moe.prefill import LayerStreamer
+    from engine.moe.runtime import SHORT_ROUTES_PER_EXPERT
+    cfg, kv, rt = runner.cfg, runner.kv, runner.runtime
+    T = SHORT_ROUTES_PER_EXPERT * cfg.num_experts // cfg.router.top_k + 1
+    page, ps = kv.alloc(1)[0], kv.page_size
+    t = dict(device=runner.device)
+    batch = ForwardBatch(torch.zeros(T, dtype=torch.int64, **t), torch.arange(T, **t), [T], [T],
+                         torch.tensor([T], dtype=torch.int32, **t),
+                         torch.full((1, -(-T // ps)), page, dtype=torch.int32, **t),
+                         page * ps + torch.arange(T, **t) % ps, torch.tensor([T - 1], **t))
+    try:
+        runner.model(batch, kv)
+        if kv.k.is_cuda:
+            torch.cuda.synchronize()
+    finally:
+        kv.release([page])
+    rt.cache.stats = CacheStats()
+    rt.streamer = LayerStreamer(rt, rt.streamer.mode)
 
 
 def capture_graphs(runner: ModelRunner, max_running: int) -> None:

@@ -184,6 +184,7 @@ def startup(model: Optional[str] = ModelArg,
            f"{'' if r['disk_direct'] else ', buffered: maybe the page cache'}" if "read_bound_s" in r else "") + ")")
     notes = {"device": "CUDA context", "build": "random experts built (synthetic)", "wait": read,
              "experts": "expert cache, runtime, device control, CPU executor",
+             "prefill": "one short prefill on dummy tokens: the prefill path's first use",
              "compile": "decode graphs' warm-up steps: Triton JIT, torch.compile", "capture": "decode graphs captured",
              "resident": "resident experts copied in"}
     for name, sec in r["phases"].items():

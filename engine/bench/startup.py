@@ -1,11 +1,13 @@
 """What a cold start costs, phase by phase: the loader's own timings (the device context, dense
 weights, the KV pool, the expert cache and its control, the wait for the expert read, which runs
 on its own thread from the start and is shown beside the disk's sequential read bound, pinning,
-the decode graphs' warm-up steps (Triton JIT) and captures, the resident experts' copy), the
-machine profile, then two prefills of distinct prompts of one length: the first request's extra
-cost is the first minus the second. Beside them, torch.compile's own account: its seconds and its on-disk cache
-hits and misses (a start after the first should only hit), and the Python modules compiled from
-source in this process (bytecode that could not be cached is recompiled on every start)."""
+a short prefill that warms the prefill path, the decode graphs' warm-up steps (Triton JIT) and
+captures, the resident experts' copy), the machine profile, then two prefills of distinct
+prompts of one length: the first request's extra cost is the first minus the second. Beside
+them, the Triton kernels compiled in this process (not found in its on-disk cache),
+torch.compile's own account (its seconds and its on-disk cache hits and misses; a start after
+the first should only hit), and the Python modules compiled from source in this process
+(bytecode that could not be cached is recompiled on every start)."""
 from __future__ import annotations
 
 import os
