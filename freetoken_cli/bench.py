@@ -197,7 +197,9 @@ def startup(model: Optional[str] = ModelArg,
     con.print(f"{r['triton_compiled']} Triton kernels compiled (not found in its cache); torch.compile "
               f"{r['torch_compile_s']:.2f} s in all, FX graph cache {r['fx_graph_cache_hit']} hits, "
               f"{r['fx_graph_cache_miss']} misses, AOTAutograd cache {r['autograd_cache_hit']} hits, "
-              f"{r['autograd_cache_miss']} misses; {r['modules_compiled_from_source']} Python modules compiled from source")
+              f"{r['autograd_cache_miss']} misses; {r['modules_compiled_from_source']} Python modules compiled from source"
+              + (" (PYTHONDONTWRITEBYTECODE is set)" if r["dont_write_bytecode"] else "")
+              + (f" (bytecode kept under {r['pycache_prefix']})" if r["pycache_prefix"] else ""))
 
 
 def _ints(text: str, option: str) -> list[int]:

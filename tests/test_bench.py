@@ -86,6 +86,30 @@ def test_compiled_artifacts_go_to_the_cache_dir(monkeypatch, tmp_path):
     assert triton.knobs.cache.dir == "/elsewhere"
 
 
+def test_bytecode_goes_to_the_cache_dir_only_where_it_cannot_sit_beside_the_sources(monkeypatch, tmp_path):
+    import importlib.util
+    import os
+    import sys
+    from engine.config import bytecode_prefix
+    pkg = tmp_path / "src" / "somepkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    assert bytecode_prefix("somepkg") is None  # writable: Python's default place
+    monkeypatch.setattr(os, "access", lambda *a: False)  # a read-only install
+    assert bytecode_prefix("somepkg") == str(tmp_path / "cache" / "pycache")
+    cached = importlib.util.cache_from_source(str(pkg / "__init__.py"))
+    os.makedirs(os.path.dirname(cached))
+    open(cached, "wb").close()
+    assert bytecode_prefix("somepkg") is None  # its bytecode is there already
+    os.remove(cached)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # PYTHONDONTWRITEBYTECODE: the user's choice
+    assert bytecode_prefix("somepkg") is None
+
+
 @pytest.mark.gpu
 def test_a_second_start_reuses_the_compiled_artifacts(tmp_path):
     """Two cold starts in fresh processes: the second compiles nothing new (no Triton kernel,

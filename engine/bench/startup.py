@@ -7,7 +7,7 @@ prompts of one length: the first request's extra cost is the first minus the sec
 them, the Triton kernels compiled in this process (not found in its on-disk cache),
 torch.compile's own account (its seconds and its on-disk cache hits and misses; a start after
 the first should only hit), and the Python modules compiled from source in this process
-(bytecode that could not be cached is recompiled on every start)."""
+(bytecode that could not be cached is recompiled on every start; see engine.config.bytecode_prefix)."""
 from __future__ import annotations
 
 import os
@@ -119,7 +119,8 @@ def report(runner: ModelRunner, started: float, imported: float, profile_s: floa
            "read_gbps": store.nbytes / store.read_seconds / 1e9 if store.read_seconds else None,
            "prompt_tokens": prompt_tokens, "first_prefill_s": first, "second_prefill_s": second,
            "first_request_ratio": first / second, **compile_account(),
-           "triton_compiled": triton_compiled(started), "modules_compiled_from_source": compiled_from_source(started)}
+           "triton_compiled": triton_compiled(started), "modules_compiled_from_source": compiled_from_source(started),
+           "pycache_prefix": sys.pycache_prefix, "dont_write_bytecode": sys.dont_write_bytecode}
     if disk:
         out.update(disk_gbps=disk[0] / 1e9, disk_direct=disk[1], read_bound_s=store.nbytes / disk[0])
     return out
