@@ -106,9 +106,11 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
 
 
 def start_device(device: torch.device) -> None:
-    """Create the CUDA context now, a phase of its own (the first CUDA call would otherwise)."""
+    """Create the CUDA context and the cuBLAS handle now, a phase of its own while the experts are
+    read (the first CUDA call and the first matmul would otherwise, the latter after the read)."""
     if device.type == "cuda":
         torch.zeros(1, device=device)
+        torch.cuda.current_blas_handle()
 
 
 def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0,
