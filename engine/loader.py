@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +44,9 @@ def compute_dtype(stored: str, device: torch.device) -> torch.dtype:
     return DTYPES[stored] if device.type == "cuda" else torch.float32
 
 
-def load_dense(reader, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
+def read_dense(reader, cfg: ModelConfig, dtype: torch.dtype) -> CausalLM:
+    """The model with its dense weights read into host tensors in `dtype` (built on the meta
+    device and the weights assigned: no initialisation)."""
     with torch.device("meta"):
         model = CausalLM(cfg)
     names = [n for n in model.state_dict() if not (cfg.tie_word_embeddings and n == "lm_head.weight")]
@@ -54,8 +57,12 @@ def load_dense(reader, cfg: ModelConfig, device: torch.device, dtype: torch.dtyp
     if cfg.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     model.load_state_dict(sd, assign=True, strict=True)
+    return model
+
+
+def to_device(model: CausalLM, device: torch.device) -> CausalLM:
     model.to(device).requires_grad_(False)
-    model.rope = Rope(cfg.rope, cfg.head_dim, device)
+    model.rope = Rope(model.cfg.rope, model.cfg.head_dim, device)
     return model
 
 
@@ -74,10 +81,10 @@ def expert_slots(config: EngineConfig, layout: SlotLayout, store_bytes: int, n_e
 
 
 def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, int], None] | None = None) -> ModelRunner:
-    """The experts are read on a background thread from the start; meanwhile this thread
-    creates the device context, loads the dense weights and builds the KV pool, the expert cache
-    and its control, which need only the host store's addresses. The decode graphs' warm-up and
-    capture and the resident copy wait for the read."""
+    """The experts are read on a background thread from the start, the dense weights on another
+    while this thread creates the device context; then it moves the dense weights to the device
+    and builds the KV pool, the expert cache and its control, which need only the host store's
+    addresses. The decode graphs' warm-up and capture and the resident copy wait for the read."""
     from ftw import FTWReader
     reader = FTWReader(path)
     if config.verify:
@@ -95,9 +102,11 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
             progress("experts", done[0], total)
     store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, tick)
     try:
-        start_device(device)
-        clock.mark("device")
-        model = load_dense(reader, cfg, device, dtype)
+        with ThreadPoolExecutor(1, thread_name_prefix="dense-read") as pool:
+            dense = pool.submit(read_dense, reader, cfg, dtype)
+            start_device(device)
+            clock.mark("device")
+            model = to_device(dense.result(), device)
         clock.mark("dense")
         return assemble(config, cfg, model, store, device, dtype, path, clock)
     except BaseException:
@@ -129,8 +138,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
         model = CausalLM(cfg)
     model.to_empty(device="cpu")
     random_dense(model, gen)
-    model.to(device, dtype).requires_grad_(False)
-    model.rope = Rope(cfg.rope, cfg.head_dim, device)
+    to_device(model.to(dtype), device)
     clock.mark("dense")
     store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, expert_layout(cfg, quant))
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
