@@ -64,8 +64,12 @@ depth)  # issue 22: decode at 1k-64k of context and with 1, 4, 8 streams; every 
     --depth 1024,16384,32768,65536 --out "$out/depth.json" > "$out/depth.txt" 2>&1; tail -14 "$out/depth.txt"
   timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode $m8 --expert-budget 16GiB,1152MiB --depth 1024 \
     --batch 1,4,8 --out "$out/batch.json" > "$out/batch.txt" 2>&1; tail -12 "$out/batch.txt" ;;
-startup)  # issue 22: the phases of a cold start of the 8-layer checkpoint on disk: empty compile and bytecode caches,
-  # then warm ones twice; then `run`'s own wall time to an 8-token answer (its tokenizer too), twice
+startup)  # issue 22: the norm kernels, graph decode and the prefill warm-up, two fresh starts' compiles on the GPU; then
+  # the phases of a cold start of the 8-layer checkpoint on disk: empty compile and bytecode caches, then warm ones
+  # twice; then `run`'s own wall time to an 8-token answer (its tokenizer too), twice
+  timeout -s ABRT 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_graphs.py \
+    tests/test_triton_kernels.py::test_norm_kernels_match_reference tests/test_bench.py::test_a_second_start_reuses_the_compiled_artifacts \
+    > "$out/gpu_tests.txt" 2>&1; tail -5 "$out/gpu_tests.txt"
   [ -d /tmp/q30b8/ftw ] || { timeout -s ABRT 300 python3 -m engine.bench.make_checkpoint /tmp/q30b8/hf --layers 8 &&
     timeout -s ABRT 200 python3 -m freetoken_cli.main convert /tmp/q30b8/hf /tmp/q30b8/ftw; } > "$out/checkpoint.txt" 2>&1
   ls /tmp/ftcache/profiles/*.json > /dev/null 2>&1 || ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
