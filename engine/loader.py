@@ -265,9 +265,10 @@ def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
 def warm_prefill(runner: ModelRunner) -> None:
     """One short prefill on dummy tokens, so that the first request does not pay the first use
     of the prefill path (its cuBLAS shapes, lazily loaded kernels, the eager plan's and experts'
-    torch ops): long enough to scan like a long prompt, its KV written to one scratch page. The
-    expert cache's counters and the streamer's compute estimate are reset after it; the tables
-    it filled are emptied by the capture that follows."""
+    torch ops): long enough to scan like a long prompt, its KV written to one scratch page, the
+    model's own routing (a replayed trace keeps its place). The expert cache's counters and the
+    streamer's compute estimate are reset after it; the tables it filled are emptied by the
+    capture that follows."""
     from engine.kv.batch import ForwardBatch
     from engine.moe.prefill import LayerStreamer
     from engine.moe.runtime import SHORT_ROUTES_PER_EXPERT
@@ -279,12 +280,14 @@ def warm_prefill(runner: ModelRunner) -> None:
                          torch.tensor([T], dtype=torch.int32, **t),
                          torch.full((1, -(-T // ps)), page, dtype=torch.int32, **t),
                          page * ps + torch.arange(T, **t) % ps, torch.tensor([T - 1], **t))
+    routing, rt.routing = rt.routing, None
     try:
         runner.model(batch, kv)
         if kv.k.is_cuda:
             torch.cuda.synchronize()
     finally:
         kv.release([page])
+        rt.routing = routing
     rt.cache.stats = CacheStats()
     rt.streamer = LayerStreamer(rt, rt.streamer.mode)
 
