@@ -22,10 +22,30 @@ def persist_compile_caches() -> None:
     """Keep compiled artifacts in the user cache directory, so every start after the first reuses
     them: TorchInductor's caches (FX graphs, AOTAutograd, its Triton kernels; by default under the
     temporary directory, which a reboot or a fresh machine empties) and the Triton cache of the
-    engine's own kernels. Directories the user set win."""
+    engine's own kernels. Directories the user set win. The engine package calls this when it is
+    imported, before torch can fix its own default."""
     root = cache_dir() / "compile"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+
+
+def bytecode_prefix(package: str = "torch") -> str | None:
+    """Where Python should cache bytecode, if not beside the sources: the user cache directory
+    when `package` (torch: thousands of modules) has no cached bytecode and its directory cannot
+    take any (a read-only image), else every start compiles them from source again; None to
+    leave Python's default (or a prefix, or PYTHONDONTWRITEBYTECODE, that the user set)."""
+    import importlib.util
+    import sys
+    if sys.pycache_prefix or sys.dont_write_bytecode:
+        return None
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    cached = Path(importlib.util.cache_from_source(spec.origin))
+    where = cached.parent if cached.parent.exists() else cached.parent.parent
+    if cached.exists() or os.access(where, os.W_OK):
+        return None
+    return str(cache_dir() / "pycache")
 
 
 def hf_offline() -> bool:

@@ -3,6 +3,7 @@ the statistics a user sees after each answer."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
@@ -54,13 +55,15 @@ class LLM:
                  say: Callable[[str], None] = lambda msg: None):
         check_elastic(config, pick_device(config.device))
         path = ensure_ftw(config.model, progress=(lambda d, t: progress("convert", d, t)) if progress else None)
-        self.runner = load_runner(config, path, progress)
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:  # beside the weights' load
+            tokenizer = pool.submit(Tokenizer, path)
+            self.runner = load_runner(config, path, progress)
+            self.tokenizer = tokenizer.result()
         self.name = config.model or "demo"
         self.source, self.path = model_key(config.model), path.resolve()  # what `run` matches a server by
         if config.moe_policy == "adaptive":
             from engine.profile import load_or_measure
             self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say, fmt=self.runner.runtime.store.layout.dtype))
-        self.tokenizer = Tokenizer(path)
         self.sampling_defaults = model_defaults(path)
         r = self.runner
         self.grammars = Grammars(self.tokenizer.tok, self.tokenizer.eos_ids)

@@ -180,11 +180,16 @@ def startup(model: Optional[str] = ModelArg,
     t.add_column("phase")
     t.add_column("seconds", justify="right")
     t.add_column("", justify="left")
-    notes = {"read": f"{r['read_gbps']:.2f} GB/s" + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
-                                                      f"{'' if r['disk_direct'] else ' (buffered: maybe the page cache)'}"
-                                                      if "read_bound_s" in r else " (synthetic: random experts built)"),
-             "compile": "decode graphs' warm-up steps: torch.compile, Triton JIT",
-             "cache": "expert cache, runtime, resident experts copied in"}
+    read = "" if r["read_s"] is None else (
+        f"the expert read's remainder (its own thread from the start: {r['read_s']:.2f} s, {r['read_gbps']:.2f} GB/s"
+        + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
+           f"{'' if r['disk_direct'] else ', buffered: maybe the page cache'}" if "read_bound_s" in r else "") + ")")
+    notes = {"device": "CUDA context, cuBLAS (the dense weights are read meanwhile)",
+             "dense": "the rest of the dense read; to the device", "build": "random experts built (synthetic)", "wait": read,
+             "experts": "expert cache, runtime, device control, CPU executor",
+             "prefill": "one short prefill on dummy tokens: the prefill path's first use",
+             "compile": "decode graphs' warm-up steps: Triton JIT, torch.compile", "capture": "decode graphs captured",
+             "resident": "resident experts copied in"}
     for name, sec in r["phases"].items():
         t.add_row(name, f"{sec:.2f}", notes.get(name, ""))
     t.add_row("ready", f"{r['ready_s']:.2f}", "from the process's start")
@@ -192,9 +197,12 @@ def startup(model: Optional[str] = ModelArg,
     t.add_row("second prefill", f"{r['second_prefill_s']:.3f}", f"another {prompt_tokens}; first / second {r['first_request_ratio']:.2f}")
     con = Console(width=max(120, Console().width))
     con.print(t)
-    con.print(f"torch.compile {r['torch_compile_s']:.2f} s in all; FX graph cache {r['fx_graph_cache_hit']} hits, "
-              f"{r['fx_graph_cache_miss']} misses; AOTAutograd cache {r['autograd_cache_hit']} hits, "
-              f"{r['autograd_cache_miss']} misses; {r['modules_compiled_from_source']} Python modules compiled from source")
+    con.print(f"{r['triton_compiled']} Triton kernels compiled (not found in its cache); torch.compile "
+              f"{r['torch_compile_s']:.2f} s in all, FX graph cache {r['fx_graph_cache_hit']} hits, "
+              f"{r['fx_graph_cache_miss']} misses, AOTAutograd cache {r['autograd_cache_hit']} hits, "
+              f"{r['autograd_cache_miss']} misses; {r['modules_compiled_from_source']} Python modules compiled from source"
+              + (" (PYTHONDONTWRITEBYTECODE is set)" if r["dont_write_bytecode"] else "")
+              + (f" (bytecode kept under {r['pycache_prefix']})" if r["pycache_prefix"] else ""))
 
 
 @app.command("agent")

@@ -190,3 +190,45 @@ def test_long_prefill_keeps_the_decode_working_set(tiny_model):
     sched.step()  # the long prompt's prefill, batched with the chat's next decode step
     assert c.stats.scan_steps == 3
     assert all(c.tables.slot_of[f] >= 0 for f in hot)
+
+
+def test_store_loads_in_the_background():
+    """load() returns at once with the store's addresses; wait() gives the contents, or raises the
+    reader's error; stop() abandons the read once the bank in flight is done."""
+    import threading
+    from engine.moe.layout import SlotLayout
+    from engine.moe.store import HostExpertStore, bank_name
+    layout = SlotLayout.for_experts(8, 4, torch.float32)
+
+    class Reader:
+        def __init__(self, fail=None):
+            self.reads, self.fail, self.go, self.inside = [], fail, threading.Event(), threading.Event()
+
+        def read(self, name, out):
+            self.inside.set()
+            assert self.go.wait(10)
+            self.reads.append(name)
+            if name == self.fail:
+                raise OSError("the disk went away")
+            return out.fill_(len(self.reads))
+
+    r = Reader()
+    store = HostExpertStore.load(r, [1, 3], 2, layout)
+    ptr = store.rows.data_ptr()
+    assert r.reads == [] and len(store.banks) == 2  # the read waits; the addresses are there
+    r.go.set()
+    store.wait()
+    assert r.reads == [bank_name(1), bank_name(3)] and store.rows.data_ptr() == ptr and store.read_seconds > 0
+    assert (store.banks[0] == 1).all() and (store.banks[1] == 2).all()
+    bad = Reader(fail=bank_name(3))
+    bad.go.set()
+    with pytest.raises(OSError, match="went away"):
+        HostExpertStore.load(bad, [1, 3], 2, layout).wait()
+    r = Reader()
+    store = HostExpertStore.load(r, [1, 3], 2, layout)
+    assert r.inside.wait(10)
+    threading.Timer(0.05, r.go.set).start()
+    store.stop()
+    assert r.reads == [bank_name(1)]
+    store.wait()  # nothing left to wait for
+

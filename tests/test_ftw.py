@@ -128,6 +128,24 @@ def test_direct_io_used_when_allowed(tmp_path):
     assert torch.equal(r2.read("big"), ts["big"]) and r2.direct_bytes == 0
 
 
+def test_large_reads_in_pieces_from_several_threads(tmp_path, monkeypatch):
+    """A tensor larger than a piece is read by the pool, pieces and tail in place, also while
+    other threads read through the same reader."""
+    from concurrent.futures import ThreadPoolExecutor
+    monkeypatch.setattr(ftw.reader, "PIECE_BYTES", 3 * ALIGN)
+    ts = _tensors()
+    _write(tmp_path / "m", ts)
+    r = FTWReader(tmp_path / "m")
+    names = ["big", "u8", "big", "fp32", "big"]
+    with ThreadPoolExecutor(3) as ex:
+        got = list(ex.map(r.read, names))
+    assert all(torch.equal(g, ts[n]) for g, n in zip(got, names))
+    out = aligned_empty((4097 + ALIGN,), torch.uint8)[:4097]
+    assert torch.equal(r.read("u8", out=out), ts["u8"])
+    if _direct_io_allowed(tmp_path):
+        assert r.direct_bytes == 3 * ts["big"].nbytes + 2 * ALIGN + ts["fp32"].nbytes // ALIGN * ALIGN
+
+
 @pytest.mark.parametrize("refuse", ["open", "read"])
 def test_direct_io_refused_falls_back(tmp_path, monkeypatch, refuse):
     ts = _tensors()

@@ -601,6 +601,52 @@ def test_qkv_rope_write_matches_unfused(dtype, norm, partial):
     assert (kc_d.cpu()[rest] == 9).all() and (vc_d.cpu()[rest] == 9).all()
 
 
+# ---------------------------------------------------------------- norms
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_kernels_match_reference(dtype):
+    """RMSNorm rows of a 2-D input, a column slice (rows strided) and per-head rows of a 3-D
+    one, and the residual add with the norm, against the plain functions; the weight's dtype
+    promotes the result as in torch."""
+    from engine.layers.norm import _rms_norm
+    from kernels.norm_triton import add_rms_norm, rms_norm
+    _need(dtype)
+    gen = torch.Generator().manual_seed(5)
+    x, d = (torch.randn(5, 3 * 40, generator=gen).to(dtype) for _ in range(2))
+    w = (1 + 0.2 * torch.randn(40, generator=gen)).to(dtype)
+    for inp in (x[:, :40].contiguous(), x[:, 40:80], x.view(5, 3, 40)):
+        got = rms_norm(inp.to(DEV), w.to(DEV), 1e-6)
+        assert got.dtype == dtype and got.shape == inp.shape
+        _close(got, _rms_norm(inp.float(), w.float(), 1e-6), dtype)
+    assert rms_norm(x[:, :40].to(DEV), w.float().to(DEV), 1e-6).dtype == torch.float32
+    h, y = add_rms_norm(x[:, :40].to(DEV), d[:, :40].to(DEV), w.to(DEV), 1e-6)
+    want_h = x[:, :40] + d[:, :40]
+    assert torch.equal(h.cpu(), want_h)
+    _close(y, _rms_norm(want_h.float(), w.float(), 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_centered_and_gated_norm_kernels_match_reference(dtype):
+    """The zero-centered (1 + w) norm, alone and after the residual add, and Gated DeltaNet's
+    gated output norm (strided gate rows), against the plain functions, in x's dtype."""
+    from engine.layers.norm import _gated_rms_norm, _rms_norm
+    from kernels.norm_triton import add_rms_norm, gated_rms_norm, rms_norm
+    _need(dtype)
+    gen = torch.Generator().manual_seed(6)
+    x, d, g = (torch.randn(6, 2 * 32, generator=gen).to(dtype) for _ in range(3))
+    w = (0.2 * torch.randn(32, generator=gen)).to(dtype)
+    x, d = x[:, :32].contiguous(), d[:, :32].contiguous()
+    got = rms_norm(x.to(DEV), w.to(DEV), 1e-6, True)
+    assert got.dtype == dtype
+    _close(got, _rms_norm(x.float(), w.float(), 1e-6, True), dtype)
+    h, y = add_rms_norm(x.to(DEV), d.to(DEV), w.to(DEV), 1e-6, True)
+    assert torch.equal(h.cpu(), x + d)
+    _close(y, _rms_norm((x + d).float(), w.float(), 1e-6, True), dtype)
+    for wt in (w, w.float()):
+        got = gated_rms_norm(x.to(DEV), g[:, 32:].to(DEV), wt.to(DEV), 1e-6)
+        assert got.dtype == dtype
+        _close(got, _gated_rms_norm(x.float(), g[:, 32:].float(), w.float(), 1e-6), dtype)
+
+
 # ---------------------------------------------------------------- CPU-branch merge
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_merge_matches_torch(dtype):

@@ -1,10 +1,14 @@
 """Host expert store: every routed expert of every MoE layer in host RAM, one [E, slot_bytes]
 bank per layer in the runtime slot layout. It is the source of truth for the device cache and
-the memory the CPU executor computes from. Banks are read straight into their final buffers and
+the memory the CPU executor computes from. Banks are read straight into their final buffers, on
+a background thread while the loader sets up everything that needs only their addresses, and
 pinned after they are filled when CUDA is present."""
 from __future__ import annotations
 
+import threading
+import time
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
@@ -33,6 +37,10 @@ class HostExpertStore:
         self.rows, self.layout = rows, layout
         self.banks = list(rows.view(-1, n_experts, layout.slot_bytes))
         self.views = [layout.views(b) for b in self.banks]  # per MoE layer: {name: [E, ...]}
+        self.pinned = False
+        self.read_seconds: float | None = None  # how long load()'s background read took
+        self._loading: Future | None = None
+        self._stop = threading.Event()
 
     @property
     def n_experts(self) -> int:
@@ -49,15 +57,43 @@ class HostExpertStore:
                                n_experts, layout)
 
     def pin(self) -> None:
-        pin_(self.rows)
+        """Page-lock the rows (once); only after wait(), since pinning fixes the pages."""
+        if not self.pinned:
+            pin_(self.rows)
+            self.pinned = True
 
     @staticmethod
     def load(reader, layers: list[int], n_experts: int, layout: SlotLayout,
              progress: Callable[[int], None] | None = None) -> "HostExpertStore":
-        """Read every bank straight into its place in one buffer (pin it after)."""
+        """Start reading every bank straight into its place in one buffer, on a background
+        thread; the store's addresses are usable at once, its contents after wait()."""
         store = HostExpertStore.empty(len(layers), n_experts, layout)
-        for bank, layer in zip(store.banks, layers):
-            reader.read(bank_name(layer), out=bank)
-            if progress:
-                progress(bank.numel())
+
+        def read() -> float:
+            t0 = time.perf_counter()
+            for bank, layer in zip(store.banks, layers):
+                if store._stop.is_set():
+                    break
+                reader.read(bank_name(layer), out=bank)
+                if progress:
+                    progress(bank.numel())
+            return time.perf_counter() - t0
+        pool = ThreadPoolExecutor(1, thread_name_prefix="expert-read")
+        store._loading = pool.submit(read)
+        pool.shutdown(wait=False)
         return store
+
+    def wait(self) -> None:
+        """Block until load()'s read is done (its error raised here); at once for a store that
+        is not loading."""
+        if self._loading is not None:
+            loading, self._loading = self._loading, None
+            self.read_seconds = loading.result()
+
+    def stop(self) -> None:
+        """Abandon load()'s read (the load failed elsewhere): the bank in flight finishes, no
+        other starts, and the read's own error, if any, is dropped."""
+        self._stop.set()
+        if self._loading is not None:
+            self._loading.exception()
+            self._loading = None
