@@ -271,21 +271,23 @@ def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
 def warm_prefill(runner: ModelRunner) -> None:
     """One short prefill on dummy tokens, so that the first request does not pay the first use
     of the prefill path (its cuBLAS shapes, lazily loaded kernels, the eager plan's and experts'
-    torch ops): long enough to scan like a long prompt, its KV written to one scratch page, the
-    model's own routing (a replayed trace keeps its place). The expert cache's counters and the
-    streamer's compute estimate are reset after it; the tables it filled are emptied by the
-    capture that follows."""
+    torch ops): long enough to scan like a long prompt, its KV written to one scratch page (and
+    a hybrid model's recurrent state to a scratch slot), the model's own routing (a replayed trace
+    keeps its place). The expert cache's counters and the streamer's compute estimate are reset
+    after it; the tables it filled are emptied by the capture that follows."""
     from engine.kv.batch import ForwardBatch
     from engine.moe.prefill import LayerStreamer
     from engine.moe.runtime import SHORT_ROUTES_PER_EXPERT
-    cfg, kv, rt = runner.cfg, runner.kv, runner.runtime
+    cfg, kv, rt, states = runner.cfg, runner.kv, runner.runtime, runner.states
     T = SHORT_ROUTES_PER_EXPERT * cfg.num_experts // cfg.router.top_k + 1
     page, ps = kv.alloc(1)[0], kv.page_size
+    slot = states.alloc() if states else None
     t = dict(device=runner.device)
     batch = ForwardBatch(torch.zeros(T, dtype=torch.int64, **t), torch.arange(T, **t), [T], [T],
                          torch.tensor([T], dtype=torch.int32, **t),
                          torch.full((1, -(-T // ps)), page, dtype=torch.int32, **t),
-                         page * ps + torch.arange(T, **t) % ps, torch.tensor([T - 1], **t))
+                         page * ps + torch.arange(T, **t) % ps, torch.tensor([T - 1], **t),
+                         None if slot is None else torch.tensor([slot], **t))
     routing, rt.routing = rt.routing, None
     try:
         runner.model(batch, kv)
@@ -293,6 +295,8 @@ def warm_prefill(runner: ModelRunner) -> None:
             torch.cuda.synchronize()
     finally:
         kv.release([page])
+        if slot is not None:
+            states.release(slot)
         rt.routing = routing
     rt.cache.stats = CacheStats()
     rt.streamer = LayerStreamer(rt, rt.streamer.mode)
