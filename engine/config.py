@@ -63,6 +63,16 @@ def check_positive(flag: str, value: int | None) -> None:
         raise UserError(f"{flag} {value} is out of range; give a positive number")
 
 
+def parse_gpus(text: str | None) -> tuple[int, ...] | None:
+    """--gpus '0,1' -> (0, 1); None -> None (GPUs 0..N-1)."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
+        raise UserError(f"cannot read --gpus {text!r}; give distinct GPU indices like 0,1")
+    return tuple(int(p) for p in parts)
+
+
 def parse_policy(text: str) -> str:
     if text in POLICIES or re.fullmatch(r"static:(\d+|auto)", text):
         return text
@@ -85,8 +95,11 @@ class EngineConfig:
     verify: bool = False                # verify FTW checksums at load
     graph: bool | None = None           # device-resident control + CUDA-graph decode; None = on CUDA
     prefill_mode: str = "adaptive"      # long prefill chunks: adaptive | stream | routed (engine.moe.prefill)
+    world_size: int = 1                 # ranks sharing the routed experts (engine.dist); torchrun: its WORLD_SIZE
+    gpus: tuple[int, ...] | None = None  # the GPU of each rank of this host; None = 0..N-1
 
     def __post_init__(self):
+        check_positive("--world-size", self.world_size)
         check_positive("--max-context", self.max_context)
         check_positive("--max-running", self.max_running)
         check_positive("--cpu-threads", self.cpu_threads)

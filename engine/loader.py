@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from engine.config import EngineConfig, persist_compile_caches
+from engine.dist import expert_shard
 from engine.errors import UserError
 from engine.kv.paged import KVPool
 from engine.layers.rope import Rope
@@ -84,14 +85,15 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     clock = Phases()
     model = load_dense(reader, cfg, device, dtype)
     clock.mark("dense")
-    layout = SlotLayout.from_meta(reader.meta["layout"])
-    total, done = len(cfg.moe_layer_ids) * cfg.num_experts * layout.slot_bytes, [0]
+    layout, shard = SlotLayout.from_meta(reader.meta["layout"]), expert_shard(cfg.num_experts)
+    total = sum(len(shard.owned(i)) for i in range(len(cfg.moe_layer_ids))) * layout.slot_bytes
+    done = [0]
 
     def tick(n):
         done[0] += n
         if progress:
             progress("experts", done[0], total)
-    store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, tick)
+    store = HostExpertStore.load(reader, cfg.moe_layer_ids, shard, layout, tick)
     clock.mark("read")
     if device.type == "cuda":
         store.pin()
@@ -116,7 +118,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     model.to(device, dtype).requires_grad_(False)
     model.rope = Rope(cfg.rope, cfg.head_dim, device)
     clock.mark("dense")
-    store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, expert_layout(cfg, quant))
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), expert_shard(cfg.num_experts), expert_layout(cfg, quant))
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
     clock.mark("read")  # random experts written in place of the read
     if device.type == "cuda":
@@ -195,11 +197,12 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
         if runner.device.type == "cuda":
             torch.cuda.empty_cache()
     room = 2 * prefill_bytes(config.prefill_chunk or 2048, cfg, runner.max_context, runner.kv.k.dtype)
-    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, runner.device,
+    E = store.n_experts  # this rank's experts per layer
+    slots = expert_slots(config, layout, store.nbytes, E, runner.device,
                          reserve=GiB + runner.kv.bytes // 8 + room)  # room: a prefill chunk
-    policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
+    policy = MissPolicy(config.moe_policy, len(store.banks), slots // E)
     graph = use_graphs(config, runner.device)
-    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, runner.device, device_tables=graph)
+    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), E, runner.device, device_tables=graph)
     cpu = old._cpu if old is not None else None
     if cpu is not None and old.cpu_threads != config.cpu_threads:  # else keep the worker pool
         cpu.close()

@@ -47,9 +47,11 @@ def check_writable(path: Path, what: str, make_parents: bool = False) -> None:
 
 def engine_config(model: Optional[str], device: str, expert_budget: str, moe_policy: str,
                   cpu_threads: Optional[int], max_context: int, no_graph: bool = False, **extra):
-    from engine.config import EngineConfig, parse_chunk, parse_policy, parse_size
+    from engine.config import EngineConfig, parse_chunk, parse_gpus, parse_policy, parse_size
     if "prefill_chunk" in extra:
         extra["prefill_chunk"] = parse_chunk(extra["prefill_chunk"])
+    if "gpus" in extra:
+        extra["gpus"] = parse_gpus(extra["gpus"])
     return EngineConfig(model=model, device=device, expert_budget=parse_size(expert_budget),
                         moe_policy=parse_policy(moe_policy), cpu_threads=cpu_threads,
                         max_context=max_context, graph=False if no_graph else None, **extra)
@@ -64,6 +66,9 @@ Context = typer.Option(32768, help="context length in tokens")
 Chunk = typer.Option("auto", help="tokens per prefill chunk (auto: as many as free device memory holds)")
 Verify = typer.Option(False, "--verify", help="check every tensor's checksum while loading (reads the model twice)")
 NoGraph = typer.Option(False, "--no-graph", help="eager decode (no CUDA graphs, host-side expert control)")
+WorldSize = typer.Option(1, "--world-size", help="ranks that split the routed experts, one process per GPU "
+                                                 "(under torchrun: its WORLD_SIZE)")
+Gpus = typer.Option(None, "--gpus", help="the GPUs of this host's ranks, e.g. 0,1 (default: 0..N-1)")
 
 
 class Progress:

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import (Budget, Chunk, Context, Device, ModelArg, NoGraph, Policy, Progress, Threads, Verify,
-                                  check_writable, engine_config, user_errors)
+from freetoken_cli.common import (Budget, Chunk, Context, Device, Gpus, ModelArg, NoGraph, Policy, Progress, Threads,
+                                  Verify, WorldSize, check_writable, engine_config, user_errors)
 
 
 @user_errors
@@ -31,21 +31,25 @@ def run(model: Optional[str] = ModelArg,
         no_graph: bool = NoGraph,
         prefill_chunk: str = Chunk,
         verify: bool = Verify,
+        world_size: int = WorldSize,
+        gpus: Optional[str] = Gpus,
         record_trace: Optional[Path] = typer.Option(None, help="save the routed expert ids (.npy) for bench --routing trace:FILE"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="print stats to stderr")):
     """Chat in a terminal, or answer one prompt (--prompt and/or piped stdin) printing only the answer."""
     from engine.config import SamplingParams
+    from engine.dist import follow_if_worker
     from engine.llm import LLM
-    interactive = prompt is None and sys.stdin is not None and sys.stdin.isatty()
-    text = None if interactive else _read_prompt(prompt)
-    if record_trace:
-        check_writable(record_trace, "--record-trace")
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, ignore_eos=ignore_eos)
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context,
                         no_graph or record_trace is not None,  # recording reads ids on the host
-                        prefill_chunk=prefill_chunk, verify=verify)
+                        prefill_chunk=prefill_chunk, verify=verify, world_size=world_size, gpus=gpus)
+    follow_if_worker(cfg)  # under torchrun, ranks other than 0 follow rank 0 from here
+    interactive = prompt is None and sys.stdin is not None and sys.stdin.isatty()
+    text = None if interactive else _read_prompt(prompt)
+    if record_trace:
+        check_writable(record_trace, "--record-trace")
     bar = Progress(quiet=as_json)
     try:
         llm = LLM(cfg, bar, say=lambda m: typer.echo(m, err=True) if verbose else None)

@@ -77,6 +77,28 @@ class FTWReader:
         _pread(self._open(info.shard)[1], dst[done:], info.offset + done)
         return out
 
+    def read_rows(self, name: str, rows: list[int], out: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` (ascending indices along dim 0) of tensor `name` into out [len(rows), ...];
+        each run of consecutive rows is one read, through O_DIRECT where rows are aligned."""
+        info = self.info(name)
+        row = info.nbytes // info.shape[0] if info.shape and info.shape[0] else 0
+        if not (out.device.type == "cpu" and out.is_contiguous() and out.dtype == info.dtype
+                and tuple(out.shape) == (len(rows), *info.shape[1:]) and all(0 <= r < info.shape[0] for r in rows)
+                and rows == sorted(set(rows))):
+            raise ValueError(f"out for rows of {name!r} must be a contiguous CPU {info.dtype} tensor of "
+                             f"[len(rows), *{info.shape[1:]}], rows ascending within {info.shape[:1]}")
+        dst, i = byte_view(out), 0
+        while i < len(rows):
+            n = 1
+            while i + n < len(rows) and rows[i + n] == rows[i] + n:
+                n += 1
+            part, offset = dst[i * row:(i + n) * row], info.offset + rows[i] * row
+            aligned = (offset | len(part) | out.data_ptr() + i * row) % ALIGN == 0
+            if not (aligned and self._read_direct(info.shard, part, offset)):
+                _pread(self._open(info.shard)[1], part, offset)
+            i += n
+        return out
+
     def verify(self, names: Iterable[str] | None = None) -> None:
         """Recompute per-tensor checksums; FTWError naming the tensor and shard on mismatch."""
         for name in self.names() if names is None else names:

@@ -1,7 +1,7 @@
 """The flat description of one forward step: sequences' new tokens back to back."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -16,6 +16,11 @@ class ForwardBatch:
     page_table: torch.Tensor    # [B, max_pages] int32
     slots: torch.Tensor         # [T] int64 KV slot of each new token
     logit_rows: torch.Tensor    # rows of [T] whose logits are wanted
+
+    def to(self, device: torch.device | str) -> "ForwardBatch":
+        """The same step with its tensors on `device` (how it travels to other ranks)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
     @staticmethod
     def build(seqs: list[tuple[list[int], int, list[int]]], page_size: int,
