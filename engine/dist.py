@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Callable
 
@@ -108,15 +109,15 @@ class Rank:
         self.ctl = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         self.runner = None
         self.lock = threading.Lock()
-        self.broken = False
+        self.stopped: str | None = None  # why run() can no longer be called
 
     def run(self, fn: Callable, *args, here: Callable | None = None, gather: bool = False):
         """Rank 0: fn(rank, *args) on every rank. here: rank 0's own part instead of fn (it can use
         objects that do not travel). -> rank 0's result; with gather, every rank's in rank order
         (an exception of any rank is raised here, after every rank answered)."""
-        with self.lock:
-            if self.broken:
-                raise UserError("the ranks are out of step after an interrupted call; restart the command")
+        with self.lock, whole():
+            if self.stopped:
+                raise UserError(f"the ranks have stopped ({self.stopped}); restart the command")
             try:
                 self._collective(dist.broadcast_object_list, [(fn, args, gather)], src=0, group=self.ctl)
                 try:
@@ -129,8 +130,8 @@ class Rank:
                     return out
                 outs = [None] * self.world
                 self._collective(dist.gather_object, out, outs, dst=0, group=self.ctl)
-            except BaseException:  # Ctrl-C: the others may be inside the call
-                self.broken = True
+            except BaseException:  # the others may be inside the call
+                self.stopped = "a call was interrupted"
                 raise
         for o in outs:
             if isinstance(o, BaseException):
@@ -148,18 +149,42 @@ class Rank:
         global _me
         if self.children:
             self.children.closing = True
-        if not self.broken and self.lock.acquire(timeout=10):
+        clean = self.stopped is None and self.lock.acquire(timeout=10)  # else a step holds it, or was cut
+        if clean:
             try:
                 self._collective(dist.broadcast_object_list, [(None, (), False)], src=0, group=self.ctl)
+                self.stopped = "the command is ending"
             finally:
                 self.lock.release()
         if self.children:
             self.children.stop()
-        if not self.broken:
+        if clean:
             dist.destroy_process_group()
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)  # the file store's directory
         _me = None
+
+
+@contextmanager
+def whole():
+    """A Ctrl-C during a call to every rank takes effect when the call is done (the other ranks
+    are inside it too); a second one ends every rank. Main thread only (signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hits = []
+
+    def later(signum, frame):
+        if hits:
+            die("interrupted twice inside a step; stopping every rank", _me.children if _me else None)
+        hits.append(signum)
+    old = signal.signal(signal.SIGINT, later)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if hits:
+        raise KeyboardInterrupt
 
 
 def first_line(e: BaseException) -> str:
@@ -183,6 +208,12 @@ def launched() -> dict | None:
     return {"rank": int(env["RANK"]), "world": int(env["WORLD_SIZE"]),
             "local_rank": int(os.environ.get("LOCAL_RANK", env["RANK"])),
             "local_world": int(os.environ.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))}
+
+
+def one_rank(command: str) -> None:
+    """Commands that measure one rank refuse torchrun (its other ranks would wait forever)."""
+    if launched() is not None:
+        raise UserError(f"{command} runs on one rank; start it without torchrun")
 
 
 def follow_if_worker(config) -> None:
@@ -216,7 +247,8 @@ def start(config) -> Rank | None:
 
 
 def _cuda(config) -> bool:
-    return config.device == "cuda" or config.device == "auto" and torch.cuda.is_available()
+    from engine.loader import pick_device
+    return pick_device(config.device).type == "cuda"
 
 
 def _gpus(config, n: int) -> tuple[int, ...]:

@@ -114,8 +114,10 @@ def prefill(model: Optional[str] = ModelArg,
             out: Optional[Path] = Out):
     """Time to first token per prefill mode, beside the PCIe streaming bound."""
     from engine.bench.prefill import run
+    from engine.dist import one_rank
     from engine.moe.prefill import PREFILL_MODES
     from engine.profile import load_or_measure
+    one_rank("bench prefill")
     modes = [m.strip() for m in mode.split(",")]
     from engine.errors import UserError
     if bad := [m for m in modes if m not in PREFILL_MODES]:
@@ -160,7 +162,9 @@ def startup(model: Optional[str] = ModelArg,
     import time
     import psutil
     from engine.bench.startup import read_speed, report
+    from engine.dist import one_rank
     from engine.profile import load_or_measure
+    one_rank("bench startup")
     started, imported = psutil.Process().create_time(), time.time()
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
     runner = _load(cfg, model, synthetic, layers, quant)
