@@ -35,6 +35,7 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Callable
 
@@ -42,7 +43,8 @@ import torch
 import torch.distributed as dist
 
 from engine.errors import UserError, user_error_types
-from engine.moe.shard import ExpertShard
+from engine.moe import shard
+from engine.moe.cache import CacheStats
 
 STEP_TIMEOUT = timedelta(minutes=10)   # ranks wait at most this for each other inside a step
 IDLE_TIMEOUT = timedelta(days=365)     # followers wait for rank 0's next message
@@ -138,6 +140,11 @@ class Rank:
                 raise o
         return outs
 
+    def step(self, runner, batch, kv):
+        """Rank 0's step (ModelRunner.forward): every rank runs it on the same batch (the others'
+        travels by value)."""
+        return self.run(_step, batch.to("cpu"), here=lambda: runner.step(batch, kv))
+
     def _collective(self, op: Callable, *args, **kw) -> None:
         try:
             op(*args, **kw)
@@ -160,6 +167,7 @@ class Rank:
             self.children.stop()
         if clean:
             dist.destroy_process_group()
+        shard.leave()
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)  # the file store's directory
         _me = None
@@ -189,14 +197,6 @@ def whole():
 
 def first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-
-
-def expert_shard(n_experts: int) -> ExpertShard:
-    """This process's share of a model's routed experts: all of them outside a group."""
-    if _me is None:
-        return ExpertShard(0, 1, n_experts)
-    group = _me.data
-    return ExpertShard(_me.rank, _me.world, n_experts, lambda out: dist.all_reduce(out, group=group))
 
 
 def launched() -> dict | None:
@@ -262,7 +262,10 @@ def _gpus(config, n: int) -> tuple[int, ...]:
 
 
 def _cpu_block(local_rank: int, local_world: int) -> list[int] | None:
-    """This rank's equal block of the host's cores (None when there are fewer cores than ranks)."""
+    """This rank's equal block of the host's cores (None when there are fewer cores than ranks,
+    or no affinity to set: not Linux)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
     cpus = sorted(os.sched_getaffinity(0))
     k = len(cpus) // local_world
     return cpus[local_rank * k:(local_rank + 1) * k] if k else None
@@ -277,7 +280,9 @@ def _join(rank: int, world: int, init: str, gpu: int | None, cpus: list[int] | N
         torch.cuda.set_device(gpu)
     dist.init_process_group("nccl" if gpu is not None else "gloo", init_method=init, rank=rank,
                             world_size=world, timeout=STEP_TIMEOUT)
-    return Rank(rank, world, children, store_dir)
+    me = Rank(rank, world, children, store_dir)
+    shard.join(rank, world, lambda out: dist.all_reduce(out, group=me.data))  # the loader reads only this rank's experts
+    return me
 
 
 def _spawn(config) -> Rank:
@@ -373,11 +378,6 @@ def _on_runner(me: Rank, fn: Callable, args: tuple):
     return fn(me.runner, *args)
 
 
-def forward(runner, batch, kv):
-    """Rank 0's step: every rank runs it on the same batch (theirs travels by value)."""
-    return runner.group.run(_step, batch.to("cpu"), here=lambda: runner.step(batch, kv))
-
-
 def _step(me: Rank, batch) -> None:
     r = me.runner
     r.step(batch.to(r.device), r.kv)
@@ -385,7 +385,6 @@ def _step(me: Rank, batch) -> None:
 
 def cache_report(runner) -> dict:
     """One rank's expert-cache counters and state (its q*, its link and CPU estimates)."""
-    from dataclasses import replace
     rt = runner.runtime
     rt.sync_stats()
     est = rt.qstar.estimator
@@ -396,8 +395,6 @@ def cache_report(runner) -> dict:
 def combine(reports: list[dict]) -> dict:
     """cache_report of every rank -> the counters summed, the fill of all slots, and q*, B_P and
     B_H averaged (each rank splits its own misses)."""
-    from engine.moe.cache import CacheStats
-
     def mean(key):
         vals = [r[key] for r in reports]
         return None if None in vals else sum(vals) / len(vals)

@@ -10,7 +10,6 @@ from typing import Callable
 import torch
 
 from engine.config import EngineConfig, persist_compile_caches
-from engine.dist import expert_shard
 from engine.errors import UserError
 from engine.kv.paged import KVPool
 from engine.layers.rope import Rope
@@ -19,6 +18,7 @@ from engine.models.base import ModelConfig
 from engine.models.transformer import CausalLM, checkpoint_names, param_dtype
 from engine.moe.cache import ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
+from engine.moe.shard import this_rank
 from engine.moe.policy import MissPolicy
 from engine.moe.runtime import ExpertRuntime
 from engine.moe.store import HostExpertStore
@@ -85,7 +85,7 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     clock = Phases()
     model = load_dense(reader, cfg, device, dtype)
     clock.mark("dense")
-    layout, shard = SlotLayout.from_meta(reader.meta["layout"]), expert_shard(cfg.num_experts)
+    layout, shard = SlotLayout.from_meta(reader.meta["layout"]), this_rank(cfg.num_experts)
     total = sum(len(shard.owned(i)) for i in range(len(cfg.moe_layer_ids))) * layout.slot_bytes
     done = [0]
 
@@ -118,7 +118,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     model.to(device, dtype).requires_grad_(False)
     model.rope = Rope(cfg.rope, cfg.head_dim, device)
     clock.mark("dense")
-    store = HostExpertStore.empty(len(cfg.moe_layer_ids), expert_shard(cfg.num_experts), expert_layout(cfg, quant))
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), this_rank(cfg.num_experts), expert_layout(cfg, quant))
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
     clock.mark("read")  # random experts written in place of the read
     if device.type == "cuda":

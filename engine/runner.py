@@ -32,8 +32,7 @@ class ModelRunner:
     def forward(self, batch, kv) -> torch.Tensor:
         """One step of the model, on every rank when there are several."""
         if self.group is not None:
-            from engine.dist import forward
-            return forward(self, batch, kv)
+            return self.group.step(self, batch, kv)
         return self.step(batch, kv)
 
     def step(self, batch, kv) -> torch.Tensor:

@@ -7,7 +7,10 @@ spreads over all ranks, and the leftovers of E % W rotate from layer to layer, s
 stays balanced too. Within a layer a rank's experts are e = c, c + W, c + 2W, ..., so e // W is
 a dense local id: a rank's store, cache and tables see a model of ceil(E / W) experts per layer
 (the last id of a layer is padding where the rank has one fewer), and routes to other ranks'
-experts become id -1, which the plan, the expert kernels and the CPU executor skip."""
+experts become id -1, which the plan, the expert kernels and the CPU executor skip.
+
+engine.dist records this process's place in a group here (join), so that the loader builds the
+store of its rank's experts (this_rank)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -43,3 +46,22 @@ class ExpertShard:
         if self.world > 1:
             self._reduce(out)
         return out
+
+
+_place: tuple[int, int, Callable] | None = None  # (rank, world, all-reduce) of this process in a group
+
+
+def join(rank: int, world: int, reduce: Callable) -> None:
+    """engine.dist: this process is rank `rank` of `world`, summing outputs with reduce(out)."""
+    global _place
+    _place = (rank, world, reduce)
+
+
+def leave() -> None:
+    global _place
+    _place = None
+
+
+def this_rank(n_experts: int) -> ExpertShard:
+    """This process's share of a model's routed experts: all of them outside a group."""
+    return ExpertShard(*_place[:2], n_experts, _place[2]) if _place else ExpertShard(0, 1, n_experts)
