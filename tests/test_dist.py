@@ -2,8 +2,8 @@
 engine's greedy tokens with two ranks spawned by rank 0 and three launched by torchrun, at a full
 and a one-layer budget, under every miss policy, eager and with device-resident control, and so
 does a chat through the LLM facade; the counters summed over ranks see each distinct expert demand
-once, as one process does; a rank killed in the middle of `freetoken run --world-size 2` ends the
-run with one line within seconds. Then the pieces: ownership, and plans that leave other ranks'
+once, as one process does; `bench decode --world-size 2` measures; a rank killed in the middle of
+`freetoken run --world-size 2` ends the run with one line within seconds. Then the pieces: ownership, and plans that leave other ranks'
 routes alone. On two GPUs, the same over NCCL with the all-reduce inside the decode graphs."""
 from __future__ import annotations
 
@@ -120,6 +120,18 @@ def test_killed_rank_ends_the_run():
     assert "Traceback" not in err and len([x for x in lines if x.startswith("error:")]) == 1, err[-2000:]
     assert lines[-1].startswith("error: rank 1 of 2") and "SIGKILL" in lines[-1], lines[-1]
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in ranks)
+
+
+def test_bench_decode_over_ranks():
+    """`bench decode --world-size 2`: rows of both policies, counters summed over the ranks."""
+    cmd = [sys.executable, "-m", "freetoken_cli.main", "bench", "decode", "--synthetic", "tiny", "--world-size", "2",
+           "--device", "cpu", "--tokens", "4", "--repeats", "1", "--moe-policy", "fetch,cpu", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout)["rows"]
+    assert [r["policy"] for r in rows] == ["fetch", "cpu"] and all(r["world_size"] == 2 for r in rows)
+    assert all(r["fetched"] + r["cpu"] == pytest.approx(r["misses"]) and r["tok_s"] > 0 for r in rows)
+    assert rows[0]["cpu"] == 0 and rows[1]["fetched"] == 0 and rows[1]["cpu"] > 0
 
 
 @pytest.mark.parametrize("experts", [8, 12, 16])
