@@ -3,8 +3,9 @@ engine's greedy tokens with two ranks spawned by rank 0 and three launched by to
 and a one-layer budget, under every miss policy, eager and with device-resident control, and so
 does a chat through the LLM facade; the counters summed over ranks see each distinct expert demand
 once, as one process does; `bench decode --world-size 2` measures; a rank killed in the middle of
-`freetoken run --world-size 2` ends the run with one line within seconds. Then the pieces: ownership, and plans that leave other ranks'
-routes alone. On two GPUs, the same over NCCL with the all-reduce inside the decode graphs."""
+`freetoken run --world-size 2` ends the run with one line within seconds. Then the pieces:
+ownership, and plans that leave other ranks' routes alone. On two GPUs, the same over NCCL with
+the all-reduce inside the decode graphs."""
 from __future__ import annotations
 
 import json
