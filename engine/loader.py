@@ -22,6 +22,7 @@ from engine.moe.cache import CacheStats, ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
 from engine.moe.policy import MissPolicy
 from engine.moe.runtime import ExpertRuntime
+from engine.moe.shard import this_rank
 from engine.moe.store import HostExpertStore
 from engine.runner import ModelRunner
 from ftw.format import DTYPES
@@ -94,14 +95,15 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     device = pick_device(config.device)
     dtype = compute_dtype(reader.meta["dtype"], device)
     clock = Phases()
-    layout = SlotLayout.from_meta(reader.meta["layout"])
-    total, done = len(cfg.moe_layer_ids) * cfg.num_experts * layout.slot_bytes, [0]
+    layout, shard = SlotLayout.from_meta(reader.meta["layout"]), this_rank(cfg.num_experts)
+    total = sum(len(shard.owned(i)) for i in range(len(cfg.moe_layer_ids))) * layout.slot_bytes
+    done = [0]
 
     def tick(n):
         done[0] += n
         if progress:
             progress("experts", done[0], total)
-    store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, tick)
+    store = HostExpertStore.load(reader, cfg.moe_layer_ids, shard, layout, tick)
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="dense-read") as pool:
             dense = pool.submit(read_dense, reader, cfg, dtype)
@@ -141,7 +143,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     random_dense(model, gen)
     to_device(model.to(dtype), device)
     clock.mark("dense")
-    store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, expert_layout(cfg, quant))
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), this_rank(cfg.num_experts), expert_layout(cfg, quant))
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
     clock.mark("build")  # random experts written in place of the read
     return assemble(config, cfg, model, store, device, dtype, None, clock)
@@ -224,11 +226,11 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
         runner.runtime = None
         if runner.device.type == "cuda":
             torch.cuda.empty_cache()
-    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, runner.device,
-                         device_reserve(runner, config.prefill_chunk))
-    policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
+    E = store.n_experts  # this rank's experts per layer
+    slots = expert_slots(config, layout, store.nbytes, E, runner.device, device_reserve(runner, config.prefill_chunk))
+    policy = MissPolicy(config.moe_policy, len(store.banks), slots // E)
     graph = use_graphs(config, runner.device)
-    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, runner.device, device_tables=graph)
+    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), E, runner.device, device_tables=graph)
     cpu = old._cpu if old is not None else None
     if cpu is not None and old.cpu_threads != config.cpu_threads:  # else keep the worker pool
         cpu.close()

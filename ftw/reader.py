@@ -80,15 +80,28 @@ class FTWReader:
                 and out.numel() == math.prod(info.shape)):
             raise ValueError(f"out for {name!r} must be a contiguous CPU {info.dtype} tensor "
                              f"with the numel of {info.shape}")
-        dst = byte_view(out)
-        direct, plain = self._open(info.shard)
-        # O_DIRECT needs an aligned buffer and length: the aligned body goes direct, the tail buffered.
-        body = info.nbytes - info.nbytes % ALIGN if direct is not None and out.data_ptr() % ALIGN == 0 else 0
-        if body:
-            self._read_pieces(direct, dst[:body], info.offset)
-        self._read_pieces(plain, dst[body:], info.offset + body)
-        with self._lock:
-            self.direct_bytes += body
+        self._read_spans(info.shard, [(byte_view(out), info.offset, out.data_ptr())])
+        return out
+
+    def read_rows(self, name: str, rows: list[int], out: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` (ascending indices along dim 0) of tensor `name` into out [len(rows), ...]
+        (a rank's experts of a bank): each run of consecutive rows is one span, the spans' pieces
+        all in flight at once, through O_DIRECT where rows are aligned."""
+        info = self.info(name)
+        row = info.nbytes // info.shape[0] if info.shape and info.shape[0] else 0
+        if not (out.device.type == "cpu" and out.is_contiguous() and out.dtype == info.dtype
+                and tuple(out.shape) == (len(rows), *info.shape[1:]) and all(0 <= r < info.shape[0] for r in rows)
+                and rows == sorted(set(rows))):
+            raise ValueError(f"out for rows of {name!r} must be a contiguous CPU {info.dtype} tensor of "
+                             f"[len(rows), *{info.shape[1:]}], rows ascending within {info.shape[:1]}")
+        dst, spans, i = byte_view(out), [], 0
+        while i < len(rows):
+            n = 1
+            while i + n < len(rows) and rows[i + n] == rows[i] + n:
+                n += 1
+            spans.append((dst[i * row:(i + n) * row], info.offset + rows[i] * row, out.data_ptr() + i * row))
+            i += n
+        self._read_spans(info.shard, spans)
         return out
 
     def verify(self, names: Iterable[str] | None = None) -> None:
@@ -126,15 +139,26 @@ class FTWReader:
                 self._fds[shard] = (_open_direct(p) if self.use_direct else None, os.open(p, os.O_RDONLY))
             return self._fds[shard]
 
-    def _read_pieces(self, fd: int, dst: memoryview, offset: int) -> None:
-        """Fill `dst` from file offset `offset`; PIECE_BYTES pieces on the pool's threads."""
-        if self._pool is None or len(dst) <= PIECE_BYTES:
-            _pread(fd, dst, offset)
-            return
-        jobs = [self._pool.submit(_pread, fd, dst[a:a + PIECE_BYTES], offset + a)
-                for a in range(0, len(dst), PIECE_BYTES)]
-        for job in jobs:
-            job.result()
+    def _read_spans(self, shard: str, spans: list[tuple[memoryview, int, int]]) -> None:
+        """Fill each (dst, file offset, dst's address) of `spans` from `shard`. O_DIRECT needs an
+        aligned buffer, offset and length: a span's aligned body goes direct, its tail buffered.
+        All spans' PIECE_BYTES pieces go to the pool's threads at once."""
+        direct, plain = self._open(shard)
+        parts, body_bytes = [], 0
+        for dst, offset, addr in spans:
+            body = len(dst) - len(dst) % ALIGN if direct is not None and (addr | offset) % ALIGN == 0 else 0
+            parts += [(direct, dst[:body], offset), (plain, dst[body:], offset + body)]
+            body_bytes += body
+        pieces = [(fd, dst[a:a + PIECE_BYTES], offset + a) for fd, dst, offset in parts
+                  for a in range(0, len(dst), PIECE_BYTES)]
+        if self._pool is None or len(pieces) <= 1:
+            for piece in pieces:
+                _pread(*piece)
+        else:
+            for job in [self._pool.submit(_pread, *piece) for piece in pieces]:
+                job.result()
+        with self._lock:
+            self.direct_bytes += body_bytes
 
 
 def _open_direct(path: Path) -> int | None:

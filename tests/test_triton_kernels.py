@@ -445,13 +445,15 @@ def _check_invariants(slot_of, owner_of, ids, layer, E, route):
     occ = (owner_of >= 0).nonzero().flatten()
     assert torch.equal(slot_of[owner_of[occ]], occ)                # no slot double-booked
     flat = ids + layer * E
-    placed = route >= 0
+    placed, cpu = route >= 0, (route < 0) & (ids >= 0)
     assert torch.equal(owner_of[route[placed]], flat[placed])      # a GPU route hits its expert
-    assert torch.equal(slot_of[flat[~placed]], torch.full_like(flat[~placed], -1))  # else CPU
+    assert torch.equal(slot_of[flat[cpu]], torch.full_like(flat[cpu], -1))  # else CPU
+    assert (route[ids < 0] == -1).all()                            # another rank's route: untouched
 
 
-def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0):
-    """steps plan calls on random routing: kernel and ref.plan agree on every table and output."""
+def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0, foreign=0.0):
+    """steps plan calls on random routing: kernel and ref.plan agree on every table and output.
+    foreign: the share of routes given id -1 (another rank's expert)."""
     gen = torch.Generator().manual_seed(seed)
     host = _tables(L, E, S)
     dev = [t.clone().to(DEV) for t in host]                      # never aliases host
@@ -463,6 +465,8 @@ def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0):
     for step in range(1, steps + 1):
         T = int(torch.randint(1, t_max + 1, (1,), generator=gen))
         ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+        if foreign:
+            ids = ids.masked_fill(torch.rand(ids.shape, generator=gen) < foreign, -1)
         layer = int(torch.randint(0, L, (1,), generator=gen))
         route = torch.empty(T, K, dtype=torch.int64, device=DEV)
         plan(ids.to(DEV), layer, E, *dev, clock, qt, route, *out, block_s=block_s)
@@ -491,6 +495,12 @@ def test_plan_many_blocks_of_slots(q):
     _plan_sequence(q, L=3, E=8, K=3, S=13, t_max=3, steps=40, block_s=4, seed=7)
 
 
+@pytest.mark.parametrize("q", [0.0, 0.5, 1.0])
+def test_plan_skips_routes_of_other_ranks(q):
+    """Experts across ranks: a route with id -1 stays -1 and is neither a hit nor a miss."""
+    _plan_sequence(q, L=3, E=8, K=3, S=10, t_max=3, steps=120, seed=30 + int(q * 10), foreign=0.4)
+
+
 def test_plan_prefill_sized_step():
     """T*K = 256 routes (the largest tile), several blocks of slots."""
     _plan_sequence(0.6, L=2, E=64, K=8, S=100, t_max=32, steps=6, block_s=32, seed=8)
@@ -512,6 +522,7 @@ def test_plan_stages_the_cpu_branch(T):
         ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)]).to(DEV)
         x, w = torch.randn(T, H, generator=gen).to(DEV), torch.rand(T, K, generator=gen).to(DEV)
         route = torch.empty(T, K, dtype=torch.int64, device=DEV)
+        ids[0, 0] = -1  # another rank's route: staged as -1 too
         plan(ids, step % L, E, *dev, clock, qt, route, *out, stage=(x, w, x_h, ids_h, w_h, n_h, go, 100 + step))
         if CUDA:
             torch.cuda.synchronize()

@@ -2,7 +2,8 @@
 bank per layer in the runtime slot layout. It is the source of truth for the device cache and
 the memory the CPU executor computes from. Banks are read straight into their final buffers, on
 a background thread while the loader sets up everything that needs only their addresses, and
-pinned after they are filled when CUDA is present."""
+pinned after they are filled when CUDA is present. With experts spread over ranks, a store holds
+and reads only its rank's experts (engine.moe.shard), indexed by local id."""
 from __future__ import annotations
 
 import threading
@@ -14,6 +15,7 @@ from typing import Callable
 import torch
 
 from engine.moe.layout import SlotLayout
+from engine.moe.shard import ExpertShard
 
 
 def bank_name(layer: int) -> str:
@@ -31,11 +33,12 @@ def pin_(t: torch.Tensor) -> None:
 
 class HostExpertStore:
     """rows [L*E, slot_bytes] uint8: row layer * E + expert, the flat id the cache uses; banks[l]
-    is the [E, slot_bytes] view of one MoE layer."""
+    is the [E, slot_bytes] view of one MoE layer. E is the shard's local experts per layer (all
+    of them on one rank)."""
 
-    def __init__(self, rows: torch.Tensor, n_experts: int, layout: SlotLayout):
-        self.rows, self.layout = rows, layout
-        self.banks = list(rows.view(-1, n_experts, layout.slot_bytes))
+    def __init__(self, rows: torch.Tensor, shard: ExpertShard, layout: SlotLayout):
+        self.rows, self.layout, self.shard = rows, layout, shard
+        self.banks = list(rows.view(-1, shard.n_local, layout.slot_bytes))
         self.views = [layout.views(b) for b in self.banks]  # per MoE layer: {name: [E, ...]}
         self.pinned = False
         self.read_seconds: float | None = None  # how long load()'s background read took
@@ -44,6 +47,7 @@ class HostExpertStore:
 
     @property
     def n_experts(self) -> int:
+        """Experts per layer in this store (local ids)."""
         return self.banks[0].shape[0]
 
     @property
@@ -51,10 +55,14 @@ class HostExpertStore:
         return self.rows.numel()
 
     @staticmethod
-    def empty(n_layers: int, n_experts: int, layout: SlotLayout) -> "HostExpertStore":
+    def empty(n_layers: int, shard: ExpertShard, layout: SlotLayout) -> "HostExpertStore":
+        """Uninitialised banks, but for the padding rows of a shard (zero: never routed)."""
         from ftw import aligned_empty
-        return HostExpertStore(aligned_empty((n_layers * n_experts, layout.slot_bytes), torch.uint8),
-                               n_experts, layout)
+        store = HostExpertStore(aligned_empty((n_layers * shard.n_local, layout.slot_bytes), torch.uint8),
+                                shard, layout)
+        for layer, bank in enumerate(store.banks):
+            bank[len(shard.owned(layer)):].zero_()
+        return store
 
     def pin(self) -> None:
         """Page-lock the rows (once); only after wait(), since pinning fixes the pages."""
@@ -63,20 +71,22 @@ class HostExpertStore:
             self.pinned = True
 
     @staticmethod
-    def load(reader, layers: list[int], n_experts: int, layout: SlotLayout,
+    def load(reader, layers: list[int], shard: ExpertShard, layout: SlotLayout,
              progress: Callable[[int], None] | None = None) -> "HostExpertStore":
-        """Start reading every bank straight into its place in one buffer, on a background
-        thread; the store's addresses are usable at once, its contents after wait()."""
-        store = HostExpertStore.empty(len(layers), n_experts, layout)
+        """Start reading the shard's experts of every bank straight into their places in one
+        buffer, on a background thread; the store's addresses are usable at once, its contents
+        after wait()."""
+        store = HostExpertStore.empty(len(layers), shard, layout)
 
         def read() -> float:
             t0 = time.perf_counter()
-            for bank, layer in zip(store.banks, layers):
+            for i, (bank, layer) in enumerate(zip(store.banks, layers)):
                 if store._stop.is_set():
                     break
-                reader.read(bank_name(layer), out=bank)
+                owned = shard.owned(i)
+                reader.read_rows(bank_name(layer), owned, out=bank[:len(owned)])
                 if progress:
-                    progress(bank.numel())
+                    progress(len(owned) * layout.slot_bytes)
             return time.perf_counter() - t0
         pool = ThreadPoolExecutor(1, thread_name_prefix="expert-read")
         store._loading = pool.submit(read)
