@@ -5,8 +5,9 @@ sums the partial outputs (NCCL between GPUs, inside the decode CUDA graph; gloo 
 
 Rank 0 owns the tokenizer, the scheduler and the server. The others follow one kind of message,
 broadcast by rank 0 over a gloo group: (function, arguments), which every rank runs on its own
-state in the same order -- a step (the ForwardBatch), a load, a cache rebuild, a report of its
-counters, or None to leave. Rank 0 runs one message at a time (a lock), so the HTTP thread's
+state in the same order -- a step (the ForwardBatch, with the changes rank 0's scheduler made
+to KV pages and hybrid models' recurrent states since the last step, which the others replay
+first), a load, a cache rebuild or resize, a report of its counters, or None to leave. Rank 0 runs one message at a time (a lock), so the HTTP thread's
 /v1/stats and the engine thread's steps never interleave.
 
 Launch: with --world-size N on one host, rank 0 (the command itself) spawns ranks 1..N-1, one
@@ -113,6 +114,7 @@ class Rank:
         self.runner = None
         self.lock = threading.Lock()
         self.stopped: str | None = None  # why run() can no longer be called
+        self.log: list = []  # rank 0: what its scheduler changed in KV pages and states since the last step
 
     def run(self, fn: Callable, *args, here: Callable | None = None, gather: bool = False):
         """Rank 0: fn(rank, *args) on every rank. here: rank 0's own part instead of fn (it can use
@@ -143,8 +145,12 @@ class Rank:
 
     def step(self, runner, batch, kv):
         """Rank 0's step (ModelRunner.forward): every rank runs it on the same batch (the others'
-        travels by value)."""
-        return self.run(_step, batch.to("cpu"), here=lambda: runner.step(batch, kv))
+        travels by value), the others after replaying what rank 0's scheduler changed outside a
+        step since the last one: recurrent states zeroed for a new sequence, checkpointed and
+        restored, KV pages copied (self.log, in order)."""
+        ops = self.log[:]
+        self.log.clear()
+        return self.run(_step, batch.to("cpu"), ops, here=lambda: runner.step(batch, kv))
 
     def _collective(self, op: Callable, *args, **kw) -> None:
         try:
@@ -348,6 +354,10 @@ def load(config, fn: Callable, *args, local: dict | None = None, **kwargs):
     me.run(_load, fn, config, args, kwargs, here=lambda: _load(me, fn, config, args, {**kwargs, **(local or {})}),
            gather=True)
     me.runner.group = me
+    me.log.clear()
+    for pool in (me.runner.kv, me.runner.states):  # their changes between steps go to every rank
+        if pool is not None:
+            pool.log = me.log
     return me.runner
 
 
@@ -368,8 +378,10 @@ def _on_runner(me: Rank, fn: Callable, args: tuple):
     return fn(me.runner, *args)
 
 
-def _step(me: Rank, batch) -> None:
+def _step(me: Rank, batch, ops: list) -> None:
     r = me.runner
+    for pool, name, *args in ops:
+        getattr(r.kv if pool == "kv" else r.states, name)(*args)
     r.step(batch.to(r.device), r.kv)
 
 

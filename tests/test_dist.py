@@ -1,8 +1,9 @@
-"""Experts across ranks (engine.dist) on gloo CPU ranks: every architecture gives the single-process
-engine's greedy tokens with two ranks spawned by rank 0 and three launched by torchrun, at a full
-and a one-layer budget, under every miss policy, eager and with device-resident control, and so
-does a chat through the LLM facade; the counters summed over ranks see each distinct expert demand
-once, as one process does; `bench decode --world-size 2` measures; a rank killed in the middle of
+"""Experts across ranks (engine.dist) on gloo CPU ranks: every architecture (gpt-oss's expert biases
+and the hybrids' recurrent states too) gives the single-process engine's greedy tokens with two
+ranks spawned by rank 0 and three launched by torchrun, at a full and a one-layer budget, under
+every miss policy, eager and with device-resident control, and so do a hybrid model's agent turns
+through the checkpoint cache and a chat through the LLM facade; the counters summed over ranks
+see each distinct expert demand once, as one process does; `bench decode --world-size 2` measures; a rank killed in the middle of
 `freetoken run --world-size 2` ends the run with one line within seconds. Then the pieces:
 ownership, and plans that leave other ranks' routes alone. On two GPUs, the same over NCCL with
 the all-reduce inside the decode graphs."""
@@ -12,12 +13,14 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 from conftest import ARCHS, greedy, load
+from dist_driver import agent_turns
 
 from engine.moe.shard import ExpertShard
 from engine.moe.tables import HostTables
@@ -37,8 +40,8 @@ CLI = [sys.executable, "-m", "freetoken_cli.main", "run", "--device", "cpu", "--
 
 @pytest.fixture(scope="module")
 def single(tiny_model):
-    """device -> one process's answers there: (FTW dirs, [(tokens, counters)] per architecture,
-    chat tokens, the chat's counters)."""
+    """device -> one process's answers there: (FTW dirs, [(tokens, counters, agent turns or None)]
+    per architecture, chat tokens, the chat's counters)."""
     from engine.config import EngineConfig, SamplingParams
     from engine.llm import LLM
     made = {}
@@ -49,7 +52,8 @@ def single(tiny_model):
             want = []
             for ftw in models:
                 runner = load(ftw, device=device)
-                want.append((greedy(runner, PROMPT, TOKENS), runner.runtime.cache.stats))
+                tokens, stats = greedy(runner, PROMPT, TOKENS), replace(runner.runtime.cache.stats)
+                want.append((tokens, stats, agent_turns(runner, TOKENS) if runner.states else None))
             llm = LLM(EngineConfig(model=None, device=device, moe_policy="fetch"))
             ids = llm.tokenizer.chat([{"role": "user", "content": CHAT}])
             made[device] = models, want, list(llm.generate(ids, SamplingParams(max_tokens=TOKENS))), llm.stats.cache
@@ -58,8 +62,9 @@ def single(tiny_model):
 
 
 def check_ranks(single, world: int, launcher: str, device: str, cases: list) -> None:
-    """The driver on `world` ranks gives one process's tokens in every case of every architecture
-    and in the chat; the counters summed over ranks see each distinct demand once."""
+    """The driver on `world` ranks gives one process's tokens in every case of every architecture,
+    in a hybrid's agent turns (a checkpoint restored) and in the chat; the counters summed over
+    ranks see each distinct demand once."""
     models, want, chat, chat_stats = single
     spec = json.dumps({"world": world, "device": device, "models": [str(m) for m in models], "prompt": PROMPT,
                        "tokens": TOKENS, "cases": cases, "chat": CHAT})
@@ -68,7 +73,9 @@ def check_ranks(single, world: int, launcher: str, device: str, cases: list) -> 
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout)
     for i, arch in enumerate(ARCHS):
-        tokens, one = want[i]
+        tokens, one, agent = want[i]
+        assert got["agents"][i] == agent, arch
+        assert agent is None or agent["restored"] >= 1, arch
         for case, g in zip(cases, got["cases"][i * len(cases):(i + 1) * len(cases)]):
             st = g["stats"]
             assert g["tokens"] == tokens, (arch, case)
@@ -169,3 +176,4 @@ def test_host_plan_skips_routes_of_other_ranks():
         r_route, r_vic, r_fetch, r_hits, r_misses = ref.plan(ids, layer, E, *tables, step, q)
         assert route == r_route.flatten().tolist() and vic == r_vic.tolist() and fetch == r_fetch.tolist()
         assert (hits, misses) == (r_hits, r_misses) == (hits, len({e for e in ids.flatten().tolist() if e >= 0}) - hits)
+
