@@ -3,9 +3,10 @@ device, models, prompt, tokens, cases of [layers or null, policy, graph, prefill
 (which spawns the others) or by torchrun on every rank. Rank 0 loads each FTW model on every rank,
 rebuilds every rank's expert cache for each case (a budget of `layers` layers of the rank's own
 experts, null: all) and greedy-decodes the prompt, and for a hybrid model answers two agent turns
-through the checkpoint cache; then answers `chat` with the demo model through the LLM facade;
-and prints one JSON line: the tokens and the counters summed over ranks of each case, the agent
-turns, and the chat's tokens and GenStats."""
+through the checkpoint cache; then answers `chat` with the demo model through the LLM facade,
+resizes every rank's cache to two layers through the facade's budget and answers again; and
+prints one JSON line: the tokens and the counters summed over ranks of each case, the agent
+turns, the chat's tokens and GenStats, and the resized chat's tokens and server statistics."""
 from __future__ import annotations
 
 import json
@@ -69,8 +70,14 @@ def main(spec: dict) -> dict:
         agents.append(agent_turns(runner, spec["tokens"]) if runner.states else None)
     llm = LLM(EngineConfig(model=None, device=spec["device"], moe_policy="fetch", world_size=spec["world"]))
     ids = llm.tokenizer.chat([{"role": "user", "content": spec["chat"]}])
-    tokens = list(llm.generate(ids, SamplingParams(max_tokens=spec["tokens"])))
-    return {"cases": cases, "agents": agents, "chat": {"tokens": tokens, "stats": llm.stats.as_dict()}}
+    params = SamplingParams(max_tokens=spec["tokens"])
+    chat = {"tokens": list(llm.generate(ids, params)), "stats": llm.stats.as_dict()}
+    store = llm.runner.runtime.store
+    budget = 2 * store.n_experts * store.layout.slot_bytes  # two layers of each rank's experts
+    llm.elastic.set_budget(budget)
+    resized = {"tokens": list(llm.generate(ids, params)), "budget": budget, "layer_slots": store.n_experts,
+               "server": llm.server_stats(), "describe": llm.elastic.describe()}
+    return {"cases": cases, "agents": agents, "chat": chat, "resized": resized}
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 and the hybrids' recurrent states too) gives the single-process engine's greedy tokens with two
 ranks spawned by rank 0 and three launched by torchrun, at a full and a one-layer budget, under
 every miss policy, eager and with device-resident control, and so do a hybrid model's agent turns
-through the checkpoint cache and a chat through the LLM facade; the counters summed over ranks
-see each distinct expert demand once, as one process does; `bench decode --world-size 2` measures; a rank killed in the middle of
+through the checkpoint cache and a chat through the LLM facade, also after its budget resized
+every rank's cache; the counters summed over ranks see each distinct expert demand once, as one
+process does; `bench decode --world-size 2` measures; a rank killed in the middle of
 `freetoken run --world-size 2` ends the run with one line within seconds. Then the pieces:
 ownership, and plans that leave other ranks' routes alone. On two GPUs, the same over NCCL with
 the all-reduce inside the decode graphs."""
@@ -63,8 +64,8 @@ def single(tiny_model):
 
 def check_ranks(single, world: int, launcher: str, device: str, cases: list) -> None:
     """The driver on `world` ranks gives one process's tokens in every case of every architecture,
-    in a hybrid's agent turns (a checkpoint restored) and in the chat; the counters summed over
-    ranks see each distinct demand once."""
+    in a hybrid's agent turns (a checkpoint restored) and in the chat, before and after a resize
+    of every rank's cache; the counters summed over ranks see each distinct demand once."""
     models, want, chat, chat_stats = single
     spec = json.dumps({"world": world, "device": device, "models": [str(m) for m in models], "prompt": PROMPT,
                        "tokens": TOKENS, "cases": cases, "chat": CHAT})
@@ -87,6 +88,12 @@ def check_ranks(single, world: int, launcher: str, device: str, cases: list) -> 
     st = got["chat"]["stats"]
     assert got["chat"]["tokens"] == chat and st["world_size"] == world
     assert st["expert_hits"] + st["expert_misses"] == chat_stats.hits + chat_stats.misses
+    r = got["resized"]
+    srv, slots = r["server"], 2 * r["layer_slots"]
+    assert r["tokens"] == chat and [x["cache_slots"] for x in srv["ranks"]] == [slots] * world
+    assert srv["cache_slots"] == world * slots and srv["expert_budget"] == r["budget"]
+    assert srv["expert_cache_bytes"] == world * r["budget"] and srv["expert_resizes"] == 1
+    assert f"over {world} ranks" in r["describe"] and "per GPU" in r["describe"]
 
 
 @pytest.mark.parametrize("world, launcher", [(2, "spawn"), (3, "torchrun")])
@@ -177,3 +184,20 @@ def test_host_plan_skips_routes_of_other_ranks():
         assert route == r_route.flatten().tolist() and vic == r_vic.tolist() and fetch == r_fetch.tolist()
         assert (hits, misses) == (r_hits, r_misses) == (hits, len({e for e in ids.flatten().tolist() if e >= 0}) - hits)
 
+
+def test_elastic_watcher_refused_over_ranks(monkeypatch):
+    """--elastic follows one GPU's free memory: refused with several ranks in one line, also when
+    torchrun gives the group's size (explicit resizes go to every rank: the chat case above)."""
+    from engine.config import EngineConfig
+    from engine.elastic import check_elastic
+    from engine.errors import UserError
+    cuda = torch.device("cuda")
+    check_elastic(EngineConfig(model=None, elastic=True), cuda)
+    with pytest.raises(UserError, match="cannot drive several ranks; drop --elastic") as e:
+        check_elastic(EngineConfig(model=None, elastic=True, world_size=2), cuda)
+    assert "\n" not in str(e.value)
+    for k, v in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UserError, match="several ranks"):
+        check_elastic(EngineConfig(model=None, elastic=True), cuda)
+    check_elastic(EngineConfig(model=None, elastic=None), cuda)  # the default: the watcher is just off
