@@ -3,8 +3,9 @@
 Opening checks what is cheap to check (index format and version, shard sizes, side-file
 sha256) and fails with one actionable line. Reads land directly in the destination tensor with
 os.preadv, through O_DIRECT when the buffer is aligned and the filesystem allows it (tmpfs and
-some others refuse it; then buffered reads are used). A large tensor is read as PIECE_BYTES
-pieces by a pool of threads: several requests in flight keep a fast disk busy, and the page
+some others refuse it; then buffered reads are used). A large tensor, or chosen rows of one (a
+rank's experts of a bank), is read as PIECE_BYTES pieces by a pool of threads, all of a call's
+pieces in flight together: several requests in flight keep a fast disk busy, and the page
 faults of fresh destination memory (as costly as the transfer itself in a VM) are taken on
 several cores while other pieces are in flight. A read never writes past the tensor's own bytes,
 so `out` may be a view into a larger buffer. Reads may come from several threads at once.
