@@ -117,16 +117,22 @@ def test_read_into_out_uses_its_storage(tmp_path):
         r.read("big", out=torch.empty(5, dtype=torch.float32))
 
 
-def test_read_rows(tmp_path):
+def test_read_rows(tmp_path, monkeypatch):
     """A rank's experts: chosen rows of a tensor, runs of consecutive rows read at once, aligned
-    rows (a bank's) through O_DIRECT where the filesystem allows it."""
+    rows (a bank's) through O_DIRECT where the filesystem allows it; the runs' pieces all go to
+    the reader's threads."""
+    import threading
     g = torch.Generator().manual_seed(3)
     ts = {"bank": torch.randint(0, 256, (9, 2 * ALIGN), dtype=torch.uint8, generator=g), "fp32": _tensors()["fp32"]}
     _write(tmp_path / "m", ts)
     r = FTWReader(tmp_path / "m")
+    monkeypatch.setattr(ftw.reader, "PIECE_BYTES", ALIGN)
+    threads, pread = [], ftw.reader._pread
+    monkeypatch.setattr(ftw.reader, "_pread", lambda *a: (threads.append(threading.current_thread().name), pread(*a)))
     rows = [0, 2, 3, 4, 8]
     got = r.read_rows("bank", rows, aligned_empty((5, 2 * ALIGN), torch.uint8))
     assert torch.equal(got, ts["bank"][rows])
+    assert len(threads) == 10 and all(t.startswith("ftw-read") for t in threads)  # 3 runs, 2 pieces a row
     assert r.direct_bytes == (5 * 2 * ALIGN if _direct_io_allowed(tmp_path) else 0)
     assert torch.equal(r.read_rows("fp32", [1, 3], torch.empty(2, 4, 2)), ts["fp32"][[1, 3]])
     for bad in ([3, 1], [1, 1], [9]):  # descending, repeated, out of range
