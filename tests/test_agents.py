@@ -64,7 +64,7 @@ def server(tmp_path_factory):
     from engine.convert import convert
     d = tmp_path_factory.mktemp("agent")
     # one layer: the clients' prompts are 10-35k tokens, and each is prefilled at least once
-    tiny.build("qwen3_moe", d / "hf", vocab_size=4096, max_position_embeddings=65536, num_hidden_layers=1)
+    tiny.build("qwen3_moe", d / "hf", vocab_size=tiny.demo_vocab(), max_position_embeddings=65536, num_hidden_layers=1)
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(DEMO / f, d / "hf" / f)
     shutil.copy(FIXTURES / "tools_template.jinja", d / "hf" / "chat_template.jinja")

@@ -30,7 +30,7 @@ def live(tmp_path_factory):
     from engine.llm import LLM
     from engine.server.app import create_app
     hf = tmp_path_factory.mktemp("hybrid") / "hf"
-    tiny.build("qwen3_5_moe", hf, vocab_size=4096)
+    tiny.build("qwen3_5_moe", hf, vocab_size=tiny.demo_vocab())
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(DEMO / name, hf / name)
     (hf / "chat_template.jinja").write_text(TEMPLATE)

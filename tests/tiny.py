@@ -12,6 +12,13 @@ BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_lay
             initializer_range=0.08, rms_norm_eps=1e-6)
 
 
+def demo_vocab() -> int:
+    """The demo tokenizer's vocabulary size, for tiny models served with that tokenizer."""
+    import json
+    from engine.resolve import DEMO
+    return json.loads((DEMO / "config.json").read_text())["vocab_size"]
+
+
 def hf_config(arch: str, **kw):
     import transformers as tf
     base, moe = {**BASE, **kw}, dict(num_experts_per_tok=2, moe_intermediate_size=32)
