@@ -128,7 +128,7 @@ class EngineConfig:
     graph: bool | None = None           # device-resident control + CUDA-graph decode; None = on CUDA
     prefill_mode: str = "adaptive"      # long prefill chunks: adaptive | stream | routed (engine.moe.prefill)
     state_checkpoints: int = 16         # hybrid models: recurrent-state checkpoints kept at anchors (LRU)
-    elastic: bool | None = None         # follow free GPU memory (engine.elastic); None = on with an auto budget
+    elastic: bool | None = None         # follow free GPU memory (engine.elastic); None = on with an auto budget, one rank
     world_size: int = 1                 # ranks sharing the routed experts (engine.dist); torchrun: its WORLD_SIZE
     gpus: tuple[int, ...] | None = None  # the GPU of each rank of this host; None = 0..N-1
 
