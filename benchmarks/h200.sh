@@ -64,16 +64,25 @@ depth)  # issue 22: decode at 1k-64k of context and with 1, 4, 8 streams; every 
     --depth 1024,16384,32768,65536 --out "$out/depth.json" > "$out/depth.txt" 2>&1; tail -14 "$out/depth.txt"
   timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode $m8 --expert-budget 16GiB,1152MiB --depth 1024 \
     --batch 1,4,8 --out "$out/batch.json" > "$out/batch.txt" 2>&1; tail -12 "$out/batch.txt" ;;
-startup)  # issue 22: the phases of a cold `run` of the 8-layer checkpoint on disk: empty compile caches, then
-  # warm ones; then twice with Dynamo's experimental on-disk cache of traced frames (the first saves it)
+startup)  # issue 22: the norm kernels, graph decode and the prefill warm-up, two fresh starts' compiles on the GPU; then
+  # the phases of a cold start of the 8-layer checkpoint on disk: empty compile and bytecode caches, then warm ones
+  # twice; then `run`'s own wall time to an 8-token answer (its tokenizer too), twice
+  timeout -s ABRT 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_graphs.py \
+    tests/test_triton_kernels.py::test_norm_kernels_match_reference tests/test_bench.py::test_a_second_start_reuses_the_compiled_artifacts \
+    > "$out/gpu_tests.txt" 2>&1; tail -5 "$out/gpu_tests.txt"
   [ -d /tmp/q30b8/ftw ] || { timeout -s ABRT 300 python3 -m engine.bench.make_checkpoint /tmp/q30b8/hf --layers 8 &&
     timeout -s ABRT 200 python3 -m freetoken_cli.main convert /tmp/q30b8/hf /tmp/q30b8/ftw; } > "$out/checkpoint.txt" 2>&1
   ls /tmp/ftcache/profiles/*.json > /dev/null 2>&1 || ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
-  rm -rf /tmp/ftcache/compile
-  for run in cold warm precompile-save precompile-load; do
-    case $run in precompile*) export TORCH_CACHING_PRECOMPILE=1 ;; esac
+  rm -rf /tmp/ftcache/compile /tmp/ftcache/pycache
+  for run in cold warm warm2; do
     timeout -s ABRT 150 python3 -m freetoken_cli.main bench startup /tmp/q30b8/ftw --cpu-threads 8 \
       --out "$out/startup_$run.json" > "$out/startup_$run.txt" 2>&1; cat "$out/startup_$run.txt"
+  done
+  for i in 1 2; do
+    t0=$(date +%s.%N)
+    timeout -s ABRT 150 python3 -m freetoken_cli.main run /tmp/q30b8/ftw --prompt hello --max-tokens 8 --raw --no-server \
+      --cpu-threads 8 > "$out/run_$i.txt" 2>&1
+    echo "run $i: exit $?, $(python3 -c "print(round($(date +%s.%N) - $t0, 2))") s to the answer" | tee -a "$out/run_wall.txt"
   done ;;
 depth-run)  # issue 22: `run`'s own decode tok/s after a ~16k-token prompt beside a bench row at that depth, same checkpoint
   # (the checkpoint of part startup)

@@ -22,14 +22,46 @@ def persist_compile_caches() -> None:
     """Keep compiled artifacts in the user cache directory, so every start after the first reuses
     them: TorchInductor's caches (FX graphs, AOTAutograd, its Triton kernels; by default under the
     temporary directory, which a reboot or a fresh machine empties) and the Triton cache of the
-    engine's own kernels. Directories the user set win."""
+    engine's own kernels. Directories the user set win. The engine package calls this when it is
+    imported, before torch can fix its own default."""
     root = cache_dir() / "compile"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
 
 
+def bytecode_prefix(package: str = "torch") -> str | None:
+    """Where Python should cache bytecode, if not beside the sources: the user cache directory
+    when `package` (torch: thousands of modules) has no cached bytecode and its directory cannot
+    take any (a read-only image), else every start compiles them from source again; None to
+    leave Python's default (or a prefix, or PYTHONDONTWRITEBYTECODE, that the user set)."""
+    import importlib.util
+    import sys
+    if sys.pycache_prefix or sys.dont_write_bytecode:
+        return None
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    cached = Path(importlib.util.cache_from_source(spec.origin))
+    where = cached.parent if cached.parent.exists() else cached.parent.parent
+    if cached.exists() or os.access(where, os.W_OK):
+        return None
+    return str(cache_dir() / "pycache")
+
+
 def hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+
+
+def launched() -> dict | None:
+    """torchrun's environment (rank, world, local_rank, local_world), if this process was started
+    by it or another launcher like it (engine.dist)."""
+    keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    if not all(k in os.environ for k in keys):
+        return None
+    env = {k: os.environ[k] for k in keys}
+    return {"rank": int(env["RANK"]), "world": int(env["WORLD_SIZE"]),
+            "local_rank": int(os.environ.get("LOCAL_RANK", env["RANK"])),
+            "local_world": int(os.environ.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))}
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
@@ -63,6 +95,16 @@ def check_positive(flag: str, value: int | None) -> None:
         raise UserError(f"{flag} {value} is out of range; give a positive number")
 
 
+def parse_gpus(text: str | None) -> tuple[int, ...] | None:
+    """--gpus '0,1' -> (0, 1); None -> None (GPUs 0..N-1)."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
+        raise UserError(f"cannot read --gpus {text!r}; give distinct GPU indices like 0,1")
+    return tuple(int(p) for p in parts)
+
+
 def parse_policy(text: str) -> str:
     if text in POLICIES or re.fullmatch(r"static:(\d+|auto)", text):
         return text
@@ -86,9 +128,18 @@ class EngineConfig:
     graph: bool | None = None           # device-resident control + CUDA-graph decode; None = on CUDA
     prefill_mode: str = "adaptive"      # long prefill chunks: adaptive | stream | routed (engine.moe.prefill)
     state_checkpoints: int = 16         # hybrid models: recurrent-state checkpoints kept at anchors (LRU)
-    elastic: bool | None = None         # follow free GPU memory (engine.elastic); None = on with an auto budget
+    elastic: bool | None = None         # follow free GPU memory (engine.elastic); None = on with an auto budget, one rank
+    world_size: int = 1                 # ranks sharing the routed experts (engine.dist); torchrun: its WORLD_SIZE
+    gpus: tuple[int, ...] | None = None  # the GPU of each rank of this host; None = 0..N-1
+
+    @property
+    def ranks(self) -> int:
+        """Ranks that share the routed experts: torchrun's WORLD_SIZE under it, else world_size."""
+        env = launched()
+        return env["world"] if env else self.world_size
 
     def __post_init__(self):
+        check_positive("--world-size", self.world_size)
         check_positive("--max-context", self.max_context)
         check_positive("--max-running", self.max_running)
         check_positive("--cpu-threads", self.cpu_threads)

@@ -6,7 +6,11 @@ with its working set; on CUDA the decode graphs, which point into the pool and t
 captured again. The budget a user sets (--expert-budget, /budget in the chat, POST
 /v1/admin/expert-budget) is a ceiling; with --elastic (on by default with an auto budget on
 CUDA) a watcher polls free device memory (NVML) at safe points and shrinks the cache below it
-when another program takes memory, and grows it back once the memory is free again."""
+when another program takes memory, and grows it back once the memory is free again.
+
+With experts across ranks (engine.dist) a budget is per GPU and a resize runs on every rank
+(engine.dist.on_ranks), each keeping its own hottest experts; an auto budget is each rank's own
+free memory. The watcher reads one GPU, so it is off there and --elastic is refused."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from engine.dist import on_ranks
 from engine.errors import UserError
 from engine.loader import GiB, capture_graphs, device_reserve, free_memory, release_graphs
 from engine.moe.cache import slots_for_budget
@@ -39,7 +44,7 @@ def resize_experts(runner, budget: int, max_running: int) -> None:
     c, store = rt.cache, rt.store
     slot = store.layout.slot_bytes
     slots = min(slots_for_budget(budget, store.layout, store.n_experts), store.nbytes // slot)
-    if slots == c.n_slots:
+    if slots == c.n_slots and store.shard.world == 1:  # ranks all go on: a capture's all-reduces need every rank
         return
     assert not rt.streamer.active, "the expert cache is resized between steps only"
     rt.sync_stats()
@@ -65,6 +70,26 @@ def resize_experts(runner, budget: int, max_running: int) -> None:
     if short:
         raise UserError(f"the device has no room for {size_text(asked * slot)} of experts; the cache "
                         f"holds {size_text(c.nbytes)}. Free device memory or ask for less")
+
+
+def auto_budget(runner, reserve: int, free: Callable[[], int] | None = None) -> int:
+    """What an auto budget gets now on this rank: every expert on the CPU; on the GPU the cache
+    plus the free memory beyond the reserve (free: the watcher's reading, else the driver's)."""
+    if runner.device.type == "cpu":
+        return runner.runtime.store.nbytes
+    return runner.runtime.cache.nbytes + (free() if free else free_memory(runner.device)) - reserve
+
+
+def cache_size(runner) -> tuple[int, int]:
+    """This rank's expert cache: (bytes, slots)."""
+    c = runner.runtime.cache
+    return c.nbytes, c.n_slots
+
+
+def resize_rank(runner, budget: int | None, max_running: int, reserve: int,
+                free: Callable[[], int] | None = None) -> None:
+    """resize_experts on this rank to `budget` bytes, or (None) to what auto_budget gives here."""
+    resize_experts(runner, auto_budget(runner, reserve, free) if budget is None else budget, max_running)
 
 
 class DeviceMemory:
@@ -113,20 +138,13 @@ class ElasticExperts:
     def set_budget(self, budget: int | None) -> None:
         """A new budget (bytes; None = auto), applied at once. A budget below one layer's
         experts, or one the device has no room for, raises UserError and the budget stays."""
-        self.scheduler.safe_point(lambda: self._resize(self._auto() if budget is None else budget))
+        self.scheduler.safe_point(lambda: self._resize(budget))
         self.budget = budget
 
-    def _auto(self) -> int:
-        """What an auto budget gets now: every expert on the CPU; on the GPU the cache plus the
-        free memory beyond the reserve."""
-        dev = self.runner.device
-        if dev.type == "cpu":
-            return self.runner.runtime.store.nbytes
-        return self.cache.nbytes + (self.free() if self.free else free_memory(dev)) - self.reserve
-
-    def _resize(self, nbytes: int) -> None:
+    def _resize(self, nbytes: int | None) -> None:
+        """Every rank's cache to `nbytes` (None: auto, by each rank's free memory)."""
         before = self.cache.n_slots
-        resize_experts(self.runner, nbytes, self.scheduler.max_running)
+        on_ranks(self.runner, resize_rank, nbytes, self.scheduler.max_running, self.reserve, self.free)
         self.resizes += self.cache.n_slots != before
 
     def poll(self) -> None:
@@ -174,26 +192,38 @@ class ElasticExperts:
         if self._thread is not None:
             self._thread.join()
 
+    def size(self) -> tuple[int, int, int]:
+        """The expert cache's bytes and slots summed over ranks, and the number of ranks."""
+        sizes = on_ranks(self.runner, cache_size)
+        return sum(b for b, _ in sizes), sum(n for _, n in sizes), len(sizes)
+
     def stats(self) -> dict:
-        c = self.cache
-        return {"expert_budget": self.budget, "expert_cache_bytes": c.nbytes, "cache_slots": c.n_slots,
+        """The budget (per GPU) and the cache's bytes and slots, summed over ranks."""
+        nbytes, slots, _ = self.size()
+        return {"expert_budget": self.budget, "expert_cache_bytes": nbytes, "cache_slots": slots,
                 "elastic": self.free is not None, "expert_resizes": self.resizes}
 
     def describe(self) -> str:
-        c, b = self.cache, self.budget
-        return (f"expert cache {size_text(c.nbytes)} ({c.n_slots} experts), budget "
-                + ("auto" if b is None else size_text(b)) + (", following free memory" if self.free else ""))
+        (nbytes, slots, ranks), b = self.size(), self.budget
+        return (f"expert cache {size_text(nbytes)} ({slots} experts"
+                + (f" over {ranks} ranks" if ranks > 1 else "") + "), budget "
+                + ("auto" if b is None else size_text(b)) + (" per GPU" if ranks > 1 else "")
+                + (", following free memory" if self.free else ""))
 
 
 def check_elastic(config, device: torch.device) -> None:
     if config.elastic and device.type != "cuda":
         raise UserError("--elastic follows free GPU memory and needs a CUDA device; drop --elastic or use --device cuda")
+    if config.elastic and config.ranks > 1:
+        raise UserError("--elastic follows one GPU's free memory and cannot drive several ranks; drop --elastic "
+                        "(/budget and POST /v1/admin/expert-budget still resize every rank)")
 
 
 def elastic_experts(runner, scheduler, config) -> ElasticExperts:
     """The runtime budget of a freshly loaded model; watching free device memory with
-    config.elastic (None: on with an auto budget on CUDA)."""
+    config.elastic (None: on with an auto budget on CUDA and one rank)."""
     e = ElasticExperts(runner, scheduler, config.expert_budget, device_reserve(runner, config.prefill_chunk))
-    if runner.device.type == "cuda" and (config.expert_budget is None if config.elastic is None else config.elastic):
+    default = config.expert_budget is None and runner.group is None
+    if runner.device.type == "cuda" and (default if config.elastic is None else config.elastic):
         e.watch(DeviceMemory(runner.device))
     return e

@@ -2,7 +2,10 @@
 branch, merge) captured per batch size and replayed with the step's inputs copied into static
 buffers. Batch sizes 1 and the largest are captured at load; the others on their first step, so
 a server pays capture only for the batch sizes its traffic forms. Needs device-resident expert
-control (engine.moe.device_control)."""
+control (engine.moe.device_control). With experts across ranks (engine.dist) every rank captures
+and replays the same sizes at the same steps, and each MoE layer's all-reduce (NCCL) is part of
+the graph; the warm-up steps before a capture also create the NCCL communicator, which a capture
+cannot."""
 from __future__ import annotations
 
 import gc

@@ -3,9 +3,11 @@ the statistics a user sees after each answer."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
 
+from engine import dist
 from engine.config import EngineConfig, SamplingParams
 from engine.constrain import Grammars
 from engine.elastic import check_elastic, elastic_experts
@@ -33,6 +35,7 @@ class GenStats:
     b_p_gbps: float | None = None       # current online estimates (None: not estimated)
     b_h_gbps: float | None = None
     graph_steps: int = 0                # decode steps that ran as a captured CUDA graph
+    world_size: int = 1                 # ranks whose experts these counters sum (q*, B_P, B_H: their mean)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -49,18 +52,28 @@ class GenStats:
                 "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s, "hit_rate": self.cache.hit_rate}
 
 
+def open_model(config: EngineConfig, path, progress: Callable[[str, int, int], None] | None = None,
+               say: Callable[[str], None] = lambda msg: None):
+    """One rank's runner for the FTW directory `path`, with q* from this machine's profile under
+    the adaptive policy."""
+    runner = load_runner(config, path, progress)
+    if config.moe_policy == "adaptive":
+        from engine.profile import load_or_measure
+        runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say, fmt=runner.runtime.store.layout.dtype))
+    return runner
+
+
 class LLM:
     def __init__(self, config: EngineConfig, progress: Callable[[str, int, int], None] | None = None,
                  say: Callable[[str], None] = lambda msg: None):
         check_elastic(config, pick_device(config.device))
         path = ensure_ftw(config.model, progress=(lambda d, t: progress("convert", d, t)) if progress else None)
-        self.runner = load_runner(config, path, progress)
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:  # beside the weights' load
+            tokenizer = pool.submit(Tokenizer, path)
+            self.runner = dist.load(config, open_model, path, local={"progress": progress, "say": say})
+            self.tokenizer = tokenizer.result()
         self.name = config.model or "demo"
         self.source, self.path = model_key(config.model), path.resolve()  # what `run` matches a server by
-        if config.moe_policy == "adaptive":
-            from engine.profile import load_or_measure
-            self.runner.runtime.qstar.use_profile(load_or_measure(config.cpu_threads, say=say, fmt=self.runner.runtime.store.layout.dtype))
-        self.tokenizer = Tokenizer(path)
         self.sampling_defaults = model_defaults(path)
         r = self.runner
         self.grammars = Grammars(self.tokenizer.tok, self.tokenizer.eos_ids)
@@ -71,17 +84,19 @@ class LLM:
 
     @property
     def cache_stats(self) -> CacheStats:
-        self.runner.runtime.sync_stats()
-        return self.runner.runtime.cache.stats
+        """Expert-cache counters since load, summed over ranks."""
+        return dist.cache_totals(self.runner)["stats"]
 
     def server_stats(self) -> dict:
-        t, c = self.scheduler.totals, self.runner.runtime.cache
-        self.runner.runtime.sync_stats()
+        t, reports = self.scheduler.totals, dist.on_ranks(self.runner, dist.cache_report)
+        agg = dist.combine(reports)
+        ranks = [{"expert_hit_rate": r["stats"].hit_rate, "q_star": r["q_star"], "cache_slots": r["slots"],
+                  "cache_occupancy": r["owned"] / r["slots"]} for r in reports]
         return {"prefill_tok_s": t["prefill_tokens"] / t["prefill_s"] if t["prefill_s"] else 0.0,
                 "decode_tok_s": t["decode_tokens"] / t["decode_s"] if t["decode_s"] else 0.0,
-                **t, "expert_hit_rate": c.stats.hit_rate, **asdict(c.stats),
-                "q_star": self.runner.runtime.qstar.value, "cache_occupancy": c.occupancy,
-                **self.elastic.stats(), "kv_pages_used": self.runner.kv.used,
+                **t, **self.elastic.stats(), "expert_hit_rate": agg["stats"].hit_rate, **asdict(agg["stats"]),
+                "q_star": agg["q_star"], "cache_occupancy": agg["occupancy"], "cache_slots": agg["slots"],
+                "world_size": len(reports), "ranks": ranks, "kv_pages_used": self.runner.kv.used,
                 "kv_pages_total": self.runner.kv.n_pages,
                 "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
                 "prefix_cached_pages": self.scheduler.prefix.pages if self.scheduler.prefix else 0,
@@ -104,7 +119,7 @@ class LLM:
         is called after each prefill chunk of a prompt longer than one chunk."""
         self.check_prompt(prompt)
         seq = Sequence(list(prompt), params)
-        before, t0 = replace(self.cache_stats), time.perf_counter()
+        before, t0 = self.cache_stats, time.perf_counter()
         replays0 = self.runner.graphs.replays if self.runner.graphs else 0
         self.stats = GenStats(prompt_tokens=len(prompt))
         if params.max_tokens == 0:
@@ -134,12 +149,13 @@ class LLM:
             st.decode_s = now - st.prefill_s
 
     def _cache_delta(self, before: CacheStats) -> None:
-        st, rt = self.stats, self.runner.runtime
-        st.cache = self.cache_stats - before
-        st.cache_occupancy, st.cache_bytes = rt.cache.occupancy, rt.cache.nbytes
-        st.q_star, est = rt.qstar.value, rt.qstar.estimator
-        if est:
-            st.b_p_gbps, st.b_h_gbps = est.b_p / 1e9, est.b_h / 1e9
+        st, reports = self.stats, dist.on_ranks(self.runner, dist.cache_report)
+        agg = dist.combine(reports)
+        st.cache = agg["stats"] - before
+        st.cache_occupancy, st.cache_bytes, st.q_star = agg["occupancy"], agg["bytes"], agg["q_star"]
+        st.world_size = len(reports)
+        if agg["b_h"] is not None:
+            st.b_p_gbps, st.b_h_gbps = agg["b_p"] / 1e9, agg["b_h"] / 1e9
 
     def stream(self, prompt: list[int], params: SamplingParams,
                progress: Callable[[int, int], None] | None = None) -> Iterator[str]:

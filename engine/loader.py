@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from engine.config import EngineConfig, persist_compile_caches
+from engine.config import EngineConfig
 from engine.errors import UserError
 from engine.kv.paged import KVPool
 from engine.kv.state import StatePool
@@ -17,10 +18,11 @@ from engine.layers.rope import Rope
 from engine.models import model_config
 from engine.models.base import ModelConfig
 from engine.models.transformer import CausalLM, checkpoint_names, param_dtype
-from engine.moe.cache import ExpertCache, slots_for_budget
+from engine.moe.cache import CacheStats, ExpertCache, slots_for_budget
 from engine.moe.layout import SlotLayout
 from engine.moe.policy import MissPolicy
 from engine.moe.runtime import ExpertRuntime
+from engine.moe.shard import this_rank
 from engine.moe.store import HostExpertStore
 from engine.runner import ModelRunner
 from ftw.format import DTYPES
@@ -44,7 +46,9 @@ def compute_dtype(stored: str, device: torch.device) -> torch.dtype:
     return DTYPES[stored] if device.type == "cuda" else torch.float32
 
 
-def load_dense(reader, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
+def read_dense(reader, cfg: ModelConfig, dtype: torch.dtype) -> CausalLM:
+    """The model with its dense weights read into host tensors in `dtype` (built on the meta
+    device and the weights assigned: no initialisation)."""
     with torch.device("meta"):
         model = CausalLM(cfg)
     names = [n for n in model.state_dict() if not (cfg.tie_word_embeddings and n == "lm_head.weight")]
@@ -55,8 +59,12 @@ def load_dense(reader, cfg: ModelConfig, device: torch.device, dtype: torch.dtyp
     if cfg.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     model.load_state_dict(sd, assign=True, strict=True)
+    return model
+
+
+def to_device(model: CausalLM, device: torch.device) -> CausalLM:
     model.to(device).requires_grad_(False)
-    model.rope = Rope(cfg.rope, cfg.head_dim, device)
+    model.rope = Rope(model.cfg.rope, model.cfg.head_dim, device)
     return model
 
 
@@ -75,6 +83,10 @@ def expert_slots(config: EngineConfig, layout: SlotLayout, store_bytes: int, n_e
 
 
 def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, int], None] | None = None) -> ModelRunner:
+    """The experts are read on a background thread from the start, the dense weights on another
+    while this thread creates the device context; then it moves the dense weights to the device
+    and builds the KV pool, the expert cache and its control, which need only the host store's
+    addresses. The decode graphs' warm-up and capture and the resident copy wait for the read."""
     from ftw import FTWReader
     reader = FTWReader(path)
     if config.verify:
@@ -83,21 +95,34 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     device = pick_device(config.device)
     dtype = compute_dtype(reader.meta["dtype"], device)
     clock = Phases()
-    model = load_dense(reader, cfg, device, dtype)
-    clock.mark("dense")
-    layout = SlotLayout.from_meta(reader.meta["layout"])
-    total, done = len(cfg.moe_layer_ids) * cfg.num_experts * layout.slot_bytes, [0]
+    layout, shard = SlotLayout.from_meta(reader.meta["layout"]), this_rank(cfg.num_experts)
+    total = sum(len(shard.owned(i)) for i in range(len(cfg.moe_layer_ids))) * layout.slot_bytes
+    done = [0]
 
     def tick(n):
         done[0] += n
         if progress:
             progress("experts", done[0], total)
-    store = HostExpertStore.load(reader, cfg.moe_layer_ids, cfg.num_experts, layout, tick)
-    clock.mark("read")
+    store = HostExpertStore.load(reader, cfg.moe_layer_ids, shard, layout, tick)
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="dense-read") as pool:
+            dense = pool.submit(read_dense, reader, cfg, dtype)
+            start_device(device)
+            clock.mark("device")
+            model = to_device(dense.result(), device)
+        clock.mark("dense")
+        return assemble(config, cfg, model, store, device, dtype, path, clock)
+    except BaseException:
+        store.stop()
+        raise
+
+
+def start_device(device: torch.device) -> None:
+    """Create the CUDA context and the cuBLAS handle now, a phase of its own while the experts are
+    read (the first CUDA call and the first matmul would otherwise, the latter after the read)."""
     if device.type == "cuda":
-        store.pin()
-    clock.mark("pin")
-    return assemble(config, cfg, model, store, device, dtype, path, clock)
+        torch.zeros(1, device=device)
+        torch.cuda.current_blas_handle()
 
 
 def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0,
@@ -110,19 +135,17 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     device = pick_device(config.device)
     dtype = compute_dtype(cfg.dtype, device)
     gen, clock = torch.Generator().manual_seed(seed), Phases()
+    start_device(device)
+    clock.mark("device")
     with torch.device("meta"):
         model = CausalLM(cfg)
     model.to_empty(device="cpu")
     random_dense(model, gen)
-    model.to(device, dtype).requires_grad_(False)
-    model.rope = Rope(cfg.rope, cfg.head_dim, device)
+    to_device(model.to(dtype), device)
     clock.mark("dense")
-    store = HostExpertStore.empty(len(cfg.moe_layer_ids), cfg.num_experts, expert_layout(cfg, quant))
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), this_rank(cfg.num_experts), expert_layout(cfg, quant))
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
-    clock.mark("read")  # random experts written in place of the read
-    if device.type == "cuda":
-        store.pin()
-    clock.mark("pin")
+    clock.mark("build")  # random experts written in place of the read
     return assemble(config, cfg, model, store, device, dtype, None, clock)
 
 
@@ -140,8 +163,8 @@ class Phases:
 
 def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: HostExpertStore,
              device: torch.device, dtype: torch.dtype, path: Path | None, clock: Phases) -> ModelRunner:
-    """KV pool, expert cache and runtime around loaded weights; runner.timings gets the load's phases."""
-    persist_compile_caches()  # before the graph warm-up compiles anything
+    """KV pool, expert cache and runtime around loaded weights (the store's contents may still be
+    loading); runner.timings gets the load's phases."""
     max_context = min(config.max_context, cfg.max_position_embeddings)
     kv_tokens = config.kv_tokens or max_context
     kv = KVPool(len(cfg.attention_layer_ids), -(-kv_tokens // config.page_size) + config.max_running,
@@ -152,9 +175,8 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
         for layer in model.linear_layers():
             layer.states = runner.states
     clock.mark("kv")
-    rebuild_experts(runner, store, config)
+    rebuild_experts(runner, store, config, clock=clock)
     runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
-    clock.mark("experts")
     runner.timings = clock.seconds
     return runner
 
@@ -187,10 +209,15 @@ def prefill_chunk_for(free: int, cfg: ModelConfig, max_context: int, dtype: torc
     return min(chunk, max(256, max_context))
 
 
-def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineConfig, routing=None) -> ExpertRuntime:
+def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineConfig, routing=None,
+                    clock: Phases | None = None) -> ExpertRuntime:
     """(Re)build the device expert cache and runtime for config's budget and policy (and an
     optional routing override, which a CUDA graph must see at capture). The host store is
-    untouched; the old cache is freed first."""
+    untouched; the old cache is freed first. What needs the store's contents (the decode graphs'
+    warm-up steps fill from it, the resident copy) waits for its load, then pins it. clock marks
+    the phases experts (cache, runtime, control), wait (for the read), pin, prefill (warm-up),
+    graphs, resident."""
+    clock = clock or Phases()
     cfg, layout, old = runner.cfg, store.layout, runner.runtime
     release_graphs(runner)
     if old is not None:
@@ -199,11 +226,11 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
         runner.runtime = None
         if runner.device.type == "cuda":
             torch.cuda.empty_cache()
-    slots = expert_slots(config, layout, store.nbytes, cfg.num_experts, runner.device,
-                         device_reserve(runner, config.prefill_chunk))
-    policy = MissPolicy(config.moe_policy, len(store.banks), slots // cfg.num_experts)
+    E = store.n_experts  # this rank's experts per layer
+    slots = expert_slots(config, layout, store.nbytes, E, runner.device, device_reserve(runner, config.prefill_chunk))
+    policy = MissPolicy(config.moe_policy, len(store.banks), slots // E)
     graph = use_graphs(config, runner.device)
-    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), cfg.num_experts, runner.device, device_tables=graph)
+    cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), E, runner.device, device_tables=graph)
     cpu = old._cpu if old is not None else None
     if cpu is not None and old.cpu_threads != config.cpu_threads:  # else keep the worker pool
         cpu.close()
@@ -217,10 +244,22 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
         from engine.moe.device_control import DeviceControl
         runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
         runtime.device_ctl.set_q()  # the capture's warm-up steps must follow the policy too
-        if runner.device.type == "cuda":
-            capture_graphs(runner, config.max_running)
+    clock.mark("experts")
+    store.wait()
+    clock.mark("wait")
+    if runner.device.type == "cuda":
+        store.pin()
+    clock.mark("pin")
+    cuda_graphs = graph and runner.device.type == "cuda"
+    if cuda_graphs:  # on dummy tokens; the capture empties the tables after both
+        warm_prefill(runner)
+    clock.mark("prefill")
+    if cuda_graphs:
+        capture_graphs(runner, config.max_running)
+    clock.mark("graphs")
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
         runtime.warm()
+    clock.mark("resident")
     return runtime
 
 
@@ -229,6 +268,40 @@ def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
     room a prefill chunk works in."""
     room = 2 * prefill_bytes(prefill_chunk or 2048, runner.cfg, runner.max_context, runner.kv.k.dtype)
     return GiB + runner.kv.bytes // 8 + room
+
+
+def warm_prefill(runner: ModelRunner) -> None:
+    """One short prefill on dummy tokens, so that the first request does not pay the first use
+    of the prefill path (its cuBLAS shapes, lazily loaded kernels, the eager plan's and experts'
+    torch ops): long enough to scan like a long prompt, its KV written to one scratch page (and
+    a hybrid model's recurrent state to a scratch slot), the model's own routing (a replayed trace
+    keeps its place). The expert cache's counters and the streamer's compute estimate are reset
+    after it; the tables it filled are emptied by the capture that follows."""
+    from engine.kv.batch import ForwardBatch
+    from engine.moe.prefill import LayerStreamer
+    from engine.moe.runtime import SHORT_ROUTES_PER_EXPERT
+    cfg, kv, rt, states = runner.cfg, runner.kv, runner.runtime, runner.states
+    T = SHORT_ROUTES_PER_EXPERT * cfg.num_experts // cfg.router.top_k + 1
+    page, ps = kv.alloc(1)[0], kv.page_size
+    slot = states.alloc() if states else None
+    t = dict(device=runner.device)
+    batch = ForwardBatch(torch.zeros(T, dtype=torch.int64, **t), torch.arange(T, **t), [T], [T],
+                         torch.tensor([T], dtype=torch.int32, **t),
+                         torch.full((1, -(-T // ps)), page, dtype=torch.int32, **t),
+                         page * ps + torch.arange(T, **t) % ps, torch.tensor([T - 1], **t),
+                         None if slot is None else torch.tensor([slot], **t))
+    routing, rt.routing = rt.routing, None
+    try:
+        runner.model(batch, kv)
+        if kv.k.is_cuda:
+            torch.cuda.synchronize()
+    finally:
+        kv.release([page])
+        if slot is not None:
+            states.release(slot)
+        rt.routing = routing
+    rt.cache.stats = CacheStats()
+    rt.streamer = LayerStreamer(rt, rt.streamer.mode)
 
 
 def capture_graphs(runner: ModelRunner, max_running: int) -> None:

@@ -1,7 +1,8 @@
 """The loaded model, ready to run steps: dense weights on the device, the expert runtime (host
 store, device cache, miss policy), the paged KV pool (and for hybrid models the recurrent-state
-pool) and, on CUDA, the captured decode graphs.
-engine.loader builds one; the scheduler calls `forward` once per step."""
+pool) and, on CUDA, the captured decode graphs. engine.loader builds one; the scheduler calls
+`forward` once per step (with experts across ranks, rank 0's forward runs the step on every rank:
+engine.dist)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,9 +30,16 @@ class ModelRunner:
     prefill_chunk: int = 2048    # tokens per prefill forward (EngineConfig's, or sized at load)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per load phase (bench startup)
     states: StatePool | None = None  # recurrent states of hybrid models' linear-attention layers
+    group: object = None         # engine.dist.Rank on rank 0 of several ranks, which follow its steps
 
     def forward(self, batch, kv) -> torch.Tensor:
-        """One step: a captured graph for decode batches when one fits, else eager."""
+        """One step of the model, on every rank when there are several."""
+        if self.group is not None:
+            return self.group.step(self, batch, kv)
+        return self.step(batch, kv)
+
+    def step(self, batch, kv) -> torch.Tensor:
+        """This rank's step: a captured graph for decode batches when one fits, else eager."""
         self.runtime.before_step()
         out = self.graphs.run(batch) if self.graphs is not None else None
         if out is None:

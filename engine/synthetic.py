@@ -115,8 +115,9 @@ def random_banks(store, dtype: torch.dtype, gen: torch.Generator, distinct: int 
                         dst[e].copy_(src)
         else:
             v.copy_((torch.randn(v.shape, generator=gen) * 0.02).to(dtype))
-    for layer, bank in enumerate(store.banks):
-        idx = (torch.arange(bank.shape[0]) * 7 + layer * 13) % distinct
-        torch.index_select(pool, 0, idx, out=bank)
+    for layer, bank in enumerate(store.banks):  # the same expert (layer, e) whichever rank holds it
+        owned = store.shard.owned(layer)
+        idx = (torch.tensor(owned, dtype=torch.int64) * 7 + layer * 13) % distinct
+        torch.index_select(pool, 0, idx, out=bank[:len(owned)])
         if progress:
             progress((layer + 1) * bank.numel(), store.nbytes)

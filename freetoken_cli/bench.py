@@ -9,8 +9,8 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, ModelArg, Policy, Progress, engine_config,
-                                  user_errors)
+from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, Gpus, ModelArg, Policy, Progress, WorldSize,
+                                  engine_config, user_errors)
 from freetoken_cli.quality import quality
 
 Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, "
@@ -45,6 +45,8 @@ def decode(model: Optional[str] = ModelArg,
            contention: int = typer.Option(0, help="also measure with N processes streaming through host RAM"),
            device: str = Device,
            graph: str = typer.Option("on", help="comma list of on | off: CUDA-graph decode rows, eager rows"),
+           world_size: int = WorldSize,
+           gpus: Optional[str] = Gpus,
            as_json: bool = Json,
            out: Optional[Path] = Out):
     """Decode tok/s for each miss policy, context depth and number of streams, with hit rate, traffic and the bound."""
@@ -64,8 +66,10 @@ def decode(model: Optional[str] = ModelArg,
     max_context, kv_tokens = context_for(depths, batches, tokens)
     threads = _ints(cpu_threads, "--cpu-threads") if cpu_threads else [None]
     cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), threads[0], max_context,
-                        max_running=max(batches), kv_tokens=kv_tokens)
+                        max_running=max(batches), kv_tokens=kv_tokens, world_size=world_size, gpus=gpus)
     cfg = replace(cfg, expert_budget=budgets[0])
+    from engine.dist import follow_if_worker
+    follow_if_worker(cfg)  # under torchrun, ranks other than 0 follow rank 0 from here
     runner = _load(cfg, model, synthetic, layers, quant)
     if runner.max_context < max_context:
         from engine.errors import UserError
@@ -112,8 +116,10 @@ def prefill(model: Optional[str] = ModelArg,
             out: Optional[Path] = Out):
     """Time to first token per prefill mode, beside the PCIe streaming bound."""
     from engine.bench.prefill import run
+    from engine.dist import one_rank
     from engine.moe.prefill import PREFILL_MODES
     from engine.profile import load_or_measure
+    one_rank("bench prefill")
     modes = [m.strip() for m in mode.split(",")]
     from engine.errors import UserError
     if bad := [m for m in modes if m not in PREFILL_MODES]:
@@ -158,7 +164,9 @@ def startup(model: Optional[str] = ModelArg,
     import time
     import psutil
     from engine.bench.startup import read_speed, report
+    from engine.dist import one_rank
     from engine.profile import load_or_measure
+    one_rank("bench startup")
     started, imported = psutil.Process().create_time(), time.time()
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
     runner = _load(cfg, model, synthetic, layers, quant)
@@ -180,11 +188,16 @@ def startup(model: Optional[str] = ModelArg,
     t.add_column("phase")
     t.add_column("seconds", justify="right")
     t.add_column("", justify="left")
-    notes = {"read": f"{r['read_gbps']:.2f} GB/s" + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
-                                                      f"{'' if r['disk_direct'] else ' (buffered: maybe the page cache)'}"
-                                                      if "read_bound_s" in r else " (synthetic: random experts built)"),
-             "compile": "decode graphs' warm-up steps: torch.compile, Triton JIT",
-             "cache": "expert cache, runtime, resident experts copied in"}
+    read = "" if r["read_s"] is None else (
+        f"the expert read's remainder (its own thread from the start: {r['read_s']:.2f} s, {r['read_gbps']:.2f} GB/s"
+        + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
+           f"{'' if r['disk_direct'] else ', buffered: maybe the page cache'}" if "read_bound_s" in r else "") + ")")
+    notes = {"device": "CUDA context, cuBLAS (the dense weights are read meanwhile)",
+             "dense": "the rest of the dense read; to the device", "build": "random experts built (synthetic)", "wait": read,
+             "experts": "expert cache, runtime, device control, CPU executor",
+             "prefill": "one short prefill on dummy tokens: the prefill path's first use",
+             "compile": "decode graphs' warm-up steps: Triton JIT, torch.compile", "capture": "decode graphs captured",
+             "resident": "resident experts copied in"}
     for name, sec in r["phases"].items():
         t.add_row(name, f"{sec:.2f}", notes.get(name, ""))
     t.add_row("ready", f"{r['ready_s']:.2f}", "from the process's start")
@@ -192,9 +205,12 @@ def startup(model: Optional[str] = ModelArg,
     t.add_row("second prefill", f"{r['second_prefill_s']:.3f}", f"another {prompt_tokens}; first / second {r['first_request_ratio']:.2f}")
     con = Console(width=max(120, Console().width))
     con.print(t)
-    con.print(f"torch.compile {r['torch_compile_s']:.2f} s in all; FX graph cache {r['fx_graph_cache_hit']} hits, "
-              f"{r['fx_graph_cache_miss']} misses; AOTAutograd cache {r['autograd_cache_hit']} hits, "
-              f"{r['autograd_cache_miss']} misses; {r['modules_compiled_from_source']} Python modules compiled from source")
+    con.print(f"{r['triton_compiled']} Triton kernels compiled (not found in its cache); torch.compile "
+              f"{r['torch_compile_s']:.2f} s in all, FX graph cache {r['fx_graph_cache_hit']} hits, "
+              f"{r['fx_graph_cache_miss']} misses, AOTAutograd cache {r['autograd_cache_hit']} hits, "
+              f"{r['autograd_cache_miss']} misses; {r['modules_compiled_from_source']} Python modules compiled from source"
+              + (" (PYTHONDONTWRITEBYTECODE is set)" if r["dont_write_bytecode"] else "")
+              + (f" (bytecode kept under {r['pycache_prefix']})" if r["pycache_prefix"] else ""))
 
 
 @app.command("agent")
@@ -255,6 +271,7 @@ def _ints(text: str, option: str) -> list[int]:
 def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int], quant: Optional[str]):
     """The runner to measure, with a progress bar while its experts load (or are built)."""
     from engine.convert import DEFAULT_GROUP
+    from engine.dist import load
     from engine.errors import UserError
     from engine.loader import load_runner, load_synthetic
     from engine.resolve import ensure_ftw
@@ -263,8 +280,10 @@ def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[
                         "for a checkpoint, convert it with `freetoken convert SRC OUT --quant F`")
     bar = Progress()
     try:
-        return load_synthetic(cfg, synthetic, layers, progress=bar, quant=quant and (quant, DEFAULT_GROUP[quant])) if synthetic else \
-            load_runner(cfg, ensure_ftw(model), bar)
+        if synthetic:
+            return load(cfg, load_synthetic, synthetic, layers, quant=quant and (quant, DEFAULT_GROUP[quant]),
+                        local={"progress": bar})
+        return load(cfg, load_runner, ensure_ftw(model), local={"progress": bar})
     finally:
         bar.close()
 
@@ -273,8 +292,10 @@ def _table(rows: list[dict], prof: dict, runner, cfg) -> None:
     from rich.console import Console
     from rich.table import Table
     mib = 2**20
+    world = runner.runtime.store.shard.world
     t = Table(title=f"decode: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, "
-                    f"top-{runner.cfg.router.top_k}, expert {runner.runtime.store.layout.slot_bytes / mib:.1f} MiB")
+                    f"top-{runner.cfg.router.top_k}, expert {runner.runtime.store.layout.slot_bytes / mib:.1f} MiB"
+                    + (f", experts over {world} ranks (budget per rank; hit rate and traffic summed)" if world > 1 else ""))
     for col in ("graph", "routing", "budget GiB", "policy", "load", "threads", "depth", "batch", "tok/s", "tok/s/stream", "hit rate",
                 "fetched/tok", "CPU/tok", "PCIe MiB/tok", "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
         t.add_column(col, justify="left" if col in ("routing", "policy", "load") else "right")

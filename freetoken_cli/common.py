@@ -47,9 +47,11 @@ def check_writable(path: Path, what: str, make_parents: bool = False) -> None:
 
 def engine_config(model: Optional[str], device: str, expert_budget: str, moe_policy: str,
                   cpu_threads: Optional[int], max_context: int, no_graph: bool = False, **extra):
-    from engine.config import EngineConfig, parse_chunk, parse_policy, parse_size
+    from engine.config import EngineConfig, parse_chunk, parse_gpus, parse_policy, parse_size
     if "prefill_chunk" in extra:
         extra["prefill_chunk"] = parse_chunk(extra["prefill_chunk"])
+    if "gpus" in extra:
+        extra["gpus"] = parse_gpus(extra["gpus"])
     return EngineConfig(model=model, device=device, expert_budget=parse_size(expert_budget),
                         moe_policy=parse_policy(moe_policy), cpu_threads=cpu_threads,
                         max_context=max_context, graph=False if no_graph else None, **extra)
@@ -66,9 +68,12 @@ Verify = typer.Option(False, "--verify", help="check every tensor's checksum whi
 NoGraph = typer.Option(False, "--no-graph", help="eager decode (no CUDA graphs, host-side expert control)")
 Elastic = typer.Option(None, "--elastic/--no-elastic",
                        help="shrink the expert cache when other programs take GPU memory, grow it back when "
-                            "they free it (default: on with --expert-budget auto)")
+                            "they free it (default: on with --expert-budget auto and one rank)")
 Checkpoints = typer.Option(16, min=0, help="hybrid models (Qwen3-Next, Qwen3.5): recurrent-state checkpoints "
                            "kept at anchors for prefix reuse (LRU; 0 = off)")
+WorldSize = typer.Option(1, "--world-size", help="ranks that split the routed experts, one process per GPU "
+                                                 "(under torchrun: its WORLD_SIZE)")
+Gpus = typer.Option(None, "--gpus", help="the GPUs of this host's ranks, e.g. 0,1 (default: 0..N-1)")
 
 
 class Progress:

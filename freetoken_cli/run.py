@@ -9,8 +9,8 @@ from typing import Optional
 
 import typer
 
-from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, Device, Elastic, ModelArg, NoGraph, Policy, Progress,
-                                  Threads, Verify, check_writable, engine_config, user_errors)
+from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, Device, Elastic, Gpus, ModelArg, NoGraph, Policy,
+                                  Progress, Threads, Verify, WorldSize, check_writable, engine_config, user_errors)
 
 
 @user_errors
@@ -35,6 +35,8 @@ def run(model: Optional[str] = ModelArg,
         verify: bool = Verify,
         elastic: Optional[bool] = Elastic,
         state_checkpoints: int = Checkpoints,
+        world_size: int = WorldSize,
+        gpus: Optional[str] = Gpus,
         record_trace: Optional[Path] = typer.Option(None, help="save the routed expert ids (.npy) for bench --routing trace:FILE"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object with text, token ids and stats"),
         no_server: bool = typer.Option(False, "--no-server", help="load the model here even when a "
@@ -43,18 +45,21 @@ def run(model: Optional[str] = ModelArg,
     """Chat in a terminal, or answer one prompt (--prompt and/or piped stdin) printing only the answer.
     A one-shot answer comes from a `freetoken serve` of the same model when one answers on
     FREETOKEN_HOST:FREETOKEN_PORT (default 127.0.0.1:8000), without loading the model."""
-    from engine.config import SamplingParams
-    interactive = prompt is None and sys.stdin is not None and sys.stdin.isatty()
-    text = None if interactive else _read_prompt(prompt)
-    if record_trace:
-        check_writable(record_trace, "--record-trace")
+    from engine.config import SamplingParams, launched
     given = {k: v for k, v in dict(temperature=temperature, top_p=top_p, top_k=top_k).items() if v is not None}
     params = SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos, **given)  # checked before loading
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context,
                         no_graph or record_trace is not None,  # recording reads ids on the host
                         prefill_chunk=prefill_chunk, verify=verify, elastic=elastic,
-                        state_checkpoints=state_checkpoints)
-    if not (interactive or no_server or as_json or record_trace):  # those need the engine here
+                        state_checkpoints=state_checkpoints, world_size=world_size, gpus=gpus)
+    if launched():  # under torchrun, ranks other than 0 follow rank 0 from here (torch is imported only then)
+        from engine.dist import follow_if_worker
+        follow_if_worker(cfg)
+    interactive = prompt is None and sys.stdin is not None and sys.stdin.isatty()
+    text = None if interactive else _read_prompt(prompt)
+    if record_trace:
+        check_writable(record_trace, "--record-trace")
+    if not (interactive or no_server or as_json or record_trace or cfg.ranks > 1):  # those need the engine here
         from freetoken_cli import client
         if server := client.find_server(model):
             _print(client.stream(*server, text, raw, _messages(system, text), params))

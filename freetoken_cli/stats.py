@@ -11,7 +11,8 @@ def format_stats(st) -> str:
             f"CPU read {c.bytes_cpu / mib:.1f} MiB | cache {st.cache_occupancy:.0%} full of "
             f"{st.cache_bytes / mib:.1f} MiB | q* {st.q_star:.2f}"
             + (f" (B_P {st.b_p_gbps:.1f}, B_H {st.b_h_gbps:.1f} GB/s)" if st.b_h_gbps is not None else "")
-            + (f" | {st.graph_steps} steps as CUDA graphs" if st.graph_steps else ""))
+            + (f" | {st.graph_steps} steps as CUDA graphs" if st.graph_steps else "")
+            + (f" | experts over {st.world_size} ranks" if st.world_size > 1 else ""))
 
 
 def print_stats(st) -> None:

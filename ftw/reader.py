@@ -3,8 +3,12 @@
 Opening checks what is cheap to check (index format and version, shard sizes, side-file
 sha256) and fails with one actionable line. Reads land directly in the destination tensor with
 os.preadv, through O_DIRECT when the buffer is aligned and the filesystem allows it (tmpfs and
-some others refuse it; then buffered reads are used). A read never writes past the tensor's own
-bytes, so `out` may be a view into a larger buffer.
+some others refuse it; then buffered reads are used). A large tensor, or chosen rows of one (a
+rank's experts of a bank), is read as PIECE_BYTES pieces by a pool of threads, all of a call's
+pieces in flight together: several requests in flight keep a fast disk busy, and the page
+faults of fresh destination memory (as costly as the transfer itself in a VM) are taken on
+several cores while other pieces are in flight. A read never writes past the tensor's own bytes,
+so `out` may be a view into a larger buffer. Reads may come from several threads at once.
 """
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ import hashlib
 import json
 import math
 import os
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -21,6 +27,9 @@ import torch
 
 from .format import (ALIGN, CHUNK_BYTES, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, READ_VERSIONS,
                      FTWError, TensorInfo, align_up, byte_view, is_safe_relpath)
+
+PIECE_BYTES = 16 << 20   # one thread's request of a large read
+READ_THREADS = 8         # requests in flight
 
 
 def aligned_empty(shape: Iterable[int], dtype: torch.dtype, align: int = ALIGN) -> torch.Tensor:
@@ -36,8 +45,10 @@ def aligned_empty(shape: Iterable[int], dtype: torch.dtype, align: int = ALIGN) 
 class FTWReader:
     """An opened, validated FTW directory; see the module docstring."""
 
-    def __init__(self, path: str | os.PathLike, direct: bool = True) -> None:
-        self._fds: dict[str, list] = {}  # shard -> [O_DIRECT fd, or None if refused; plain fd]
+    def __init__(self, path: str | os.PathLike, direct: bool = True, threads: int = READ_THREADS) -> None:
+        self._fds: dict[str, tuple] = {}  # shard -> (O_DIRECT fd, or None if refused; plain fd)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ftw-read") if threads > 1 else None
         self.path = Path(path)
         self.use_direct = direct and hasattr(os, "O_DIRECT")
         self.direct_bytes = 0            # bytes read through O_DIRECT so far
@@ -70,11 +81,28 @@ class FTWReader:
                 and out.numel() == math.prod(info.shape)):
             raise ValueError(f"out for {name!r} must be a contiguous CPU {info.dtype} tensor "
                              f"with the numel of {info.shape}")
-        dst = byte_view(out)
-        # O_DIRECT needs an aligned buffer and length: the aligned body goes direct, the tail buffered.
-        body = info.nbytes - info.nbytes % ALIGN if out.data_ptr() % ALIGN == 0 else 0
-        done = body if body and self._read_direct(info.shard, dst[:body], info.offset) else 0
-        _pread(self._open(info.shard)[1], dst[done:], info.offset + done)
+        self._read_spans(info.shard, [(byte_view(out), info.offset, out.data_ptr())])
+        return out
+
+    def read_rows(self, name: str, rows: list[int], out: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` (ascending indices along dim 0) of tensor `name` into out [len(rows), ...]
+        (a rank's experts of a bank): each run of consecutive rows is one span, the spans' pieces
+        all in flight at once, through O_DIRECT where rows are aligned."""
+        info = self.info(name)
+        row = info.nbytes // info.shape[0] if info.shape and info.shape[0] else 0
+        if not (out.device.type == "cpu" and out.is_contiguous() and out.dtype == info.dtype
+                and tuple(out.shape) == (len(rows), *info.shape[1:]) and all(0 <= r < info.shape[0] for r in rows)
+                and rows == sorted(set(rows))):
+            raise ValueError(f"out for rows of {name!r} must be a contiguous CPU {info.dtype} tensor of "
+                             f"[len(rows), *{info.shape[1:]}], rows ascending within {info.shape[:1]}")
+        dst, spans, i = byte_view(out), [], 0
+        while i < len(rows):
+            n = 1
+            while i + n < len(rows) and rows[i + n] == rows[i] + n:
+                n += 1
+            spans.append((dst[i * row:(i + n) * row], info.offset + rows[i] * row, out.data_ptr() + i * row))
+            i += n
+        self._read_spans(info.shard, spans)
         return out
 
     def verify(self, names: Iterable[str] | None = None) -> None:
@@ -87,6 +115,8 @@ class FTWReader:
                                f"{got:08x}, index {info.crc32:08x}); {_reconvert(self.path)}")
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         for fds in self._fds.values():
             for fd in fds:
                 if fd is not None:
@@ -102,36 +132,53 @@ class FTWReader:
     def __del__(self) -> None:
         self.close()
 
-    def _open(self, shard: str) -> list:
-        if shard not in self._fds:
-            p = self.path / shard
-            self._fds[shard] = [_open_direct(p) if self.use_direct else None, os.open(p, os.O_RDONLY)]
-        return self._fds[shard]
+    def _open(self, shard: str) -> tuple:
+        """(O_DIRECT fd, or None where the filesystem refuses direct I/O; plain fd) of a shard."""
+        with self._lock:
+            if shard not in self._fds:
+                p = self.path / shard
+                self._fds[shard] = (_open_direct(p) if self.use_direct else None, os.open(p, os.O_RDONLY))
+            return self._fds[shard]
 
-    def _read_direct(self, shard: str, dst: memoryview, offset: int) -> bool:
-        """Read through O_DIRECT; False if this filesystem refuses it (then never try again)."""
-        fds = self._open(shard)
-        if fds[0] is None:
-            return False
-        try:
-            _pread(fds[0], dst, offset)
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-            os.close(fds[0])
-            fds[0] = None
-            return False
-        self.direct_bytes += len(dst)
-        return True
+    def _read_spans(self, shard: str, spans: list[tuple[memoryview, int, int]]) -> None:
+        """Fill each (dst, file offset, dst's address) of `spans` from `shard`. O_DIRECT needs an
+        aligned buffer, offset and length: a span's aligned body goes direct, its tail buffered.
+        All spans' PIECE_BYTES pieces go to the pool's threads at once."""
+        direct, plain = self._open(shard)
+        parts, body_bytes = [], 0
+        for dst, offset, addr in spans:
+            body = len(dst) - len(dst) % ALIGN if direct is not None and (addr | offset) % ALIGN == 0 else 0
+            parts += [(direct, dst[:body], offset), (plain, dst[body:], offset + body)]
+            body_bytes += body
+        pieces = [(fd, dst[a:a + PIECE_BYTES], offset + a) for fd, dst, offset in parts
+                  for a in range(0, len(dst), PIECE_BYTES)]
+        if self._pool is None or len(pieces) <= 1:
+            for piece in pieces:
+                _pread(*piece)
+        else:
+            for job in [self._pool.submit(_pread, *piece) for piece in pieces]:
+                job.result()
+        with self._lock:
+            self.direct_bytes += body_bytes
 
 
 def _open_direct(path: Path) -> int | None:
+    """An O_DIRECT fd of a shard, or None where the filesystem refuses direct I/O (EINVAL at the
+    open or at a first aligned read, which is tried here, before any concurrent use)."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     except OSError as e:
-        if e.errno != errno.EINVAL:  # EINVAL: the filesystem does not support O_DIRECT
+        if e.errno != errno.EINVAL:
             raise
         return None
+    try:
+        os.preadv(fd, [byte_view(aligned_empty((ALIGN,), torch.uint8))], 0)
+    except OSError as e:
+        os.close(fd)
+        if e.errno != errno.EINVAL:
+            raise
+        return None
+    return fd
 
 
 def _pread(fd: int, dst: memoryview, offset: int) -> None:

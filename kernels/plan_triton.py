@@ -28,8 +28,10 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
                  STAGE: tl.constexpr, BLOCK_X: tl.constexpr):
     c = tl.load(clock_ptr) + 1                                   # this step's clock
     ln = tl.arange(0, BLOCK_N)                                   # [BLOCK_N] route lanes
-    valid = ln < N
-    fid = tl.load(ids_ptr + ln, mask=valid, other=0).to(tl.int64) + base    # flat ids
+    lane = ln < N
+    eid = tl.load(ids_ptr + ln, mask=lane, other=-1).to(tl.int64)
+    valid = eid >= 0                                             # -1: a route computed elsewhere
+    fid = tl.where(valid, eid, 0) + base                         # flat ids
     eq = (fid[:, None] == fid[None, :]) & valid[None, :]         # [BLOCK_N, BLOCK_N]
     cnt = tl.sum(eq.to(tl.int32), axis=1)                        # routes of this lane's expert
     first = valid & (tl.sum((eq & (ln[None, :] < ln[:, None])).to(tl.int32), axis=1) == 0)
@@ -91,7 +93,7 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     tl.store(last_use + vic, c, mask=got & first)
     tl.store(last_use + slot, c, mask=hitf)
     tl.store(seen + fid, c, mask=first)
-    tl.store(route_ptr + ln, tl.where(hit, slot, vic), mask=valid)
+    tl.store(route_ptr + ln, tl.where(hit, slot, vic), mask=lane)  # -1 where not valid
     tl.store(counts_ptr, n_hit)
     tl.store(counts_ptr + 1, n_miss)
     tl.store(counts_ptr + 2, f)
@@ -100,8 +102,8 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     tl.store(counts_ptr + 5, tl.load(counts_ptr + 5) + f)
     tl.store(clock_ptr, c)
     if STAGE:  # the CPU branch's inputs into mapped host memory, then its go flag
-        tl.store(idsh_ptr + ln, tl.where(hit | got, -1, fid - base), mask=valid)
-        tl.store(wh_ptr + ln, tl.load(w_ptr + ln, mask=valid, other=0.0).to(tl.float32), mask=valid)
+        tl.store(idsh_ptr + ln, tl.where(hit | got | ~valid, -1, fid - base), mask=lane)
+        tl.store(wh_ptr + ln, tl.load(w_ptr + ln, mask=lane, other=0.0).to(tl.float32), mask=lane)
         tl.store(nh_ptr, f.to(tl.int64))
         for i0 in range(0, NX, BLOCK_X):
             o = i0 + tl.arange(0, BLOCK_X)

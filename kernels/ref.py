@@ -170,7 +170,8 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
          q: float, cold: bool = False):
     """One MoE layer step of expert-cache control; updates the tables in place.
 
-    ids [T, K] expert ids of this layer; slot_of [L*E] (slot or -1), owner_of [S] (flat id or
+    ids [T, K] expert ids of this layer (-1: a route computed elsewhere, e.g. by another rank,
+    which stays -1 and is not counted); slot_of [L*E] (slot or -1), owner_of [S] (flat id or
     -1), last_use [S] and seen [L*E] (clock of last demand). Deduplicates the routed experts,
     classifies hits and misses, fetches F = split_fetch(M, q, a miss recurs) of the M misses (most recently
     demanded first, then most routed tokens) into the least recently used slots that no hit of
@@ -178,8 +179,9 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     ids [F] within the layer, hits, misses). With cold, the fills enter as least recently used
     (a long prefill scans through a few cold slots instead of evicting the decode working set).
     """
+    mine = ids.reshape(-1) >= 0
     flat = ids.reshape(-1) + layer * n_experts
-    uniq, counts = torch.unique(flat, return_counts=True)
+    uniq, counts = torch.unique(flat[mine], return_counts=True)
     slots = slot_of[uniq]
     hit = slots >= 0
     miss, mcount = uniq[~hit], counts[~hit]
@@ -199,7 +201,8 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     last_use[victims] = -1 if cold else clock
     last_use[slots[hit]] = clock
     seen[uniq] = clock
-    return slot_of[flat].view_as(ids), victims, fetch - layer * n_experts, int(hit.sum()), miss.numel()
+    route = torch.where(mine, slot_of[flat.clamp(min=0)], -1)
+    return route.view_as(ids), victims, fetch - layer * n_experts, int(hit.sum()), miss.numel()
 
 
 def fill_rows(src: torch.Tensor, dst: torch.Tensor, victims: torch.Tensor, fetch: torch.Tensor,

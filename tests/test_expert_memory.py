@@ -190,3 +190,55 @@ def test_long_prefill_keeps_the_decode_working_set(tiny_model):
     sched.step()  # the long prompt's prefill, batched with the chat's next decode step
     assert c.stats.scan_steps == 3
     assert all(c.tables.slot_of[f] >= 0 for f in hot)
+
+
+def test_store_loads_in_the_background():
+    """load() returns at once with the store's addresses; wait() gives the contents, or raises the
+    reader's error; stop() abandons the read once the bank in flight is done. The read takes
+    only the shard's experts of each bank (rank 1 of 2 here: rows 1, 3 of layer 0, then 0, 2),
+    and the padding row of a shard's smaller layer stays zero."""
+    import threading
+    from engine.moe.layout import SlotLayout
+    from engine.moe.shard import ExpertShard
+    from engine.moe.store import HostExpertStore, bank_name
+    layout = SlotLayout.for_experts(8, 4, torch.float32)
+
+    class Reader:
+        def __init__(self, fail=None):
+            self.reads, self.fail, self.go, self.inside = [], fail, threading.Event(), threading.Event()
+
+        def read_rows(self, name, rows, out):
+            self.inside.set()
+            assert self.go.wait(10)
+            self.reads.append((name, rows))
+            if name == self.fail:
+                raise OSError("the disk went away")
+            return out.fill_(len(self.reads))
+
+    r, one = Reader(), ExpertShard(0, 1, 2)
+    store = HostExpertStore.load(r, [1, 3], one, layout)
+    ptr = store.rows.data_ptr()
+    assert r.reads == [] and len(store.banks) == 2  # the read waits; the addresses are there
+    r.go.set()
+    store.wait()
+    assert r.reads == [(bank_name(1), [0, 1]), (bank_name(3), [0, 1])]
+    assert store.rows.data_ptr() == ptr and store.read_seconds > 0
+    assert (store.banks[0] == 1).all() and (store.banks[1] == 2).all()
+    r = Reader()
+    r.go.set()
+    store = HostExpertStore.load(r, [1, 3], ExpertShard(1, 2, 3, lambda out: out), layout)  # 3 experts, 2 ranks
+    store.wait()
+    assert r.reads == [(bank_name(1), [1]), (bank_name(3), [0, 2])] and store.n_experts == 2
+    assert (store.banks[0][0] == 1).all() and (store.banks[0][1] == 0).all() and (store.banks[1] == 2).all()
+    bad = Reader(fail=bank_name(3))
+    bad.go.set()
+    with pytest.raises(OSError, match="went away"):
+        HostExpertStore.load(bad, [1, 3], one, layout).wait()
+    r = Reader()
+    store = HostExpertStore.load(r, [1, 3], one, layout)
+    assert r.inside.wait(10)
+    threading.Timer(0.05, r.go.set).start()
+    store.stop()
+    assert r.reads == [(bank_name(1), [0, 1])]
+    store.wait()  # nothing left to wait for
+

@@ -117,6 +117,29 @@ def test_read_into_out_uses_its_storage(tmp_path):
         r.read("big", out=torch.empty(5, dtype=torch.float32))
 
 
+def test_read_rows(tmp_path, monkeypatch):
+    """A rank's experts: chosen rows of a tensor, runs of consecutive rows read at once, aligned
+    rows (a bank's) through O_DIRECT where the filesystem allows it; the runs' pieces all go to
+    the reader's threads."""
+    import threading
+    g = torch.Generator().manual_seed(3)
+    ts = {"bank": torch.randint(0, 256, (9, 2 * ALIGN), dtype=torch.uint8, generator=g), "fp32": _tensors()["fp32"]}
+    _write(tmp_path / "m", ts)
+    r = FTWReader(tmp_path / "m")
+    monkeypatch.setattr(ftw.reader, "PIECE_BYTES", ALIGN)
+    threads, pread = [], ftw.reader._pread
+    monkeypatch.setattr(ftw.reader, "_pread", lambda *a: (threads.append(threading.current_thread().name), pread(*a)))
+    rows = [0, 2, 3, 4, 8]
+    got = r.read_rows("bank", rows, aligned_empty((5, 2 * ALIGN), torch.uint8))
+    assert torch.equal(got, ts["bank"][rows])
+    assert len(threads) == 10 and all(t.startswith("ftw-read") for t in threads)  # 3 runs, 2 pieces a row
+    assert r.direct_bytes == (5 * 2 * ALIGN if _direct_io_allowed(tmp_path) else 0)
+    assert torch.equal(r.read_rows("fp32", [1, 3], torch.empty(2, 4, 2)), ts["fp32"][[1, 3]])
+    for bad in ([3, 1], [1, 1], [9]):  # descending, repeated, out of range
+        with pytest.raises(ValueError):
+            r.read_rows("bank", bad, torch.empty(len(bad), 2 * ALIGN, dtype=torch.uint8))
+
+
 def test_direct_io_used_when_allowed(tmp_path):
     ts = _tensors()
     _write(tmp_path / "m", ts)
@@ -126,6 +149,24 @@ def test_direct_io_used_when_allowed(tmp_path):
     assert r.direct_bytes == expected
     r2 = FTWReader(tmp_path / "m", direct=False)
     assert torch.equal(r2.read("big"), ts["big"]) and r2.direct_bytes == 0
+
+
+def test_large_reads_in_pieces_from_several_threads(tmp_path, monkeypatch):
+    """A tensor larger than a piece is read by the pool, pieces and tail in place, also while
+    other threads read through the same reader."""
+    from concurrent.futures import ThreadPoolExecutor
+    monkeypatch.setattr(ftw.reader, "PIECE_BYTES", 3 * ALIGN)
+    ts = _tensors()
+    _write(tmp_path / "m", ts)
+    r = FTWReader(tmp_path / "m")
+    names = ["big", "u8", "big", "fp32", "big"]
+    with ThreadPoolExecutor(3) as ex:
+        got = list(ex.map(r.read, names))
+    assert all(torch.equal(g, ts[n]) for g, n in zip(got, names))
+    out = aligned_empty((4097 + ALIGN,), torch.uint8)[:4097]
+    assert torch.equal(r.read("u8", out=out), ts["u8"])
+    if _direct_io_allowed(tmp_path):
+        assert r.direct_bytes == 3 * ts["big"].nbytes + 2 * ALIGN + ts["fp32"].nbytes // ALIGN * ALIGN
 
 
 @pytest.mark.parametrize("refuse", ["open", "read"])

@@ -87,3 +87,30 @@ def test_graphs_capture_batch_sizes_on_first_use(tiny_model):
             assert sorted(e.graphs.graphs) == [1, 2, 3, 4] and e.graphs.replays > 0
         e.runtime.close()
     assert outs[0] == outs[1] and routed[0] == routed[1]
+
+
+@pytest.mark.parametrize("arch,budget", [("qwen3_moe", None), ("qwen3_moe", 3), ("gpt_oss", 3), ("qwen3_next", 3)])
+def test_prefill_warm_up_leaves_no_trace(tiny_model, arch, budget):
+    """The load's prefill warm-up (run before the capture on CUDA; here directly, with the device
+    tables on the CPU): its scratch page (and a hybrid's scratch state slot) goes back, the
+    counters and the streamer's estimate are reset, and once the capture empties the tables,
+    answers are those of a fresh load."""
+    from engine.loader import warm_prefill
+    _, _, ftw = tiny_model(arch)
+    prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    kw = dict(device="cpu", graph=True, moe_policy="fetch")
+    e = load(ftw, **kw)
+    if budget:
+        e = load(ftw, expert_budget=budget * e.runtime.store.n_experts * e.runtime.store.layout.slot_bytes, **kw)
+    want = greedy(e, prompt, 6)
+    e = load(ftw, **kw) if budget is None else load(ftw, expert_budget=e.runtime.cache.nbytes, **kw)
+    used, free_states = e.kv.used, e.states and list(e.states.free)
+    warm_prefill(e)
+    st = e.runtime.cache.stats
+    assert (e.states and list(e.states.free)) == free_states
+    assert e.kv.used == used and st.hits == st.misses == st.scan_steps == 0 and e.runtime.streamer.compute_tokens == 0
+    if budget:
+        assert e.runtime.cache.tables.owned > 0  # it filled: the capture's clear() is what empties them
+        e.runtime.cache.tables.clear()
+    assert greedy(e, prompt, 6) == want
+

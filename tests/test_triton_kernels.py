@@ -445,13 +445,15 @@ def _check_invariants(slot_of, owner_of, ids, layer, E, route):
     occ = (owner_of >= 0).nonzero().flatten()
     assert torch.equal(slot_of[owner_of[occ]], occ)                # no slot double-booked
     flat = ids + layer * E
-    placed = route >= 0
+    placed, cpu = route >= 0, (route < 0) & (ids >= 0)
     assert torch.equal(owner_of[route[placed]], flat[placed])      # a GPU route hits its expert
-    assert torch.equal(slot_of[flat[~placed]], torch.full_like(flat[~placed], -1))  # else CPU
+    assert torch.equal(slot_of[flat[cpu]], torch.full_like(flat[cpu], -1))  # else CPU
+    assert (route[ids < 0] == -1).all()                            # another rank's route: untouched
 
 
-def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0):
-    """steps plan calls on random routing: kernel and ref.plan agree on every table and output."""
+def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0, foreign=0.0):
+    """steps plan calls on random routing: kernel and ref.plan agree on every table and output.
+    foreign: the share of routes given id -1 (another rank's expert)."""
     gen = torch.Generator().manual_seed(seed)
     host = _tables(L, E, S)
     dev = [t.clone().to(DEV) for t in host]                      # never aliases host
@@ -463,6 +465,8 @@ def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0):
     for step in range(1, steps + 1):
         T = int(torch.randint(1, t_max + 1, (1,), generator=gen))
         ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+        if foreign:
+            ids = ids.masked_fill(torch.rand(ids.shape, generator=gen) < foreign, -1)
         layer = int(torch.randint(0, L, (1,), generator=gen))
         route = torch.empty(T, K, dtype=torch.int64, device=DEV)
         plan(ids.to(DEV), layer, E, *dev, clock, qt, route, *out, block_s=block_s)
@@ -491,6 +495,12 @@ def test_plan_many_blocks_of_slots(q):
     _plan_sequence(q, L=3, E=8, K=3, S=13, t_max=3, steps=40, block_s=4, seed=7)
 
 
+@pytest.mark.parametrize("q", [0.0, 0.5, 1.0])
+def test_plan_skips_routes_of_other_ranks(q):
+    """Experts across ranks: a route with id -1 stays -1 and is neither a hit nor a miss."""
+    _plan_sequence(q, L=3, E=8, K=3, S=10, t_max=3, steps=120, seed=30 + int(q * 10), foreign=0.4)
+
+
 def test_plan_prefill_sized_step():
     """T*K = 256 routes (the largest tile), several blocks of slots."""
     _plan_sequence(0.6, L=2, E=64, K=8, S=100, t_max=32, steps=6, block_s=32, seed=8)
@@ -512,6 +522,7 @@ def test_plan_stages_the_cpu_branch(T):
         ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)]).to(DEV)
         x, w = torch.randn(T, H, generator=gen).to(DEV), torch.rand(T, K, generator=gen).to(DEV)
         route = torch.empty(T, K, dtype=torch.int64, device=DEV)
+        ids[0, 0] = -1  # another rank's route: staged as -1 too
         plan(ids, step % L, E, *dev, clock, qt, route, *out, stage=(x, w, x_h, ids_h, w_h, n_h, go, 100 + step))
         if CUDA:
             torch.cuda.synchronize()
@@ -599,6 +610,52 @@ def test_qkv_rope_write_matches_unfused(dtype, norm, partial):
     rest = torch.ones(S, dtype=torch.bool)
     rest[slots] = False
     assert (kc_d.cpu()[rest] == 9).all() and (vc_d.cpu()[rest] == 9).all()
+
+
+# ---------------------------------------------------------------- norms
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_kernels_match_reference(dtype):
+    """RMSNorm rows of a 2-D input, a column slice (rows strided) and per-head rows of a 3-D
+    one, and the residual add with the norm, against the plain functions; the weight's dtype
+    promotes the result as in torch."""
+    from engine.layers.norm import _rms_norm
+    from kernels.norm_triton import add_rms_norm, rms_norm
+    _need(dtype)
+    gen = torch.Generator().manual_seed(5)
+    x, d = (torch.randn(5, 3 * 40, generator=gen).to(dtype) for _ in range(2))
+    w = (1 + 0.2 * torch.randn(40, generator=gen)).to(dtype)
+    for inp in (x[:, :40].contiguous(), x[:, 40:80], x.view(5, 3, 40)):
+        got = rms_norm(inp.to(DEV), w.to(DEV), 1e-6)
+        assert got.dtype == dtype and got.shape == inp.shape
+        _close(got, _rms_norm(inp.float(), w.float(), 1e-6), dtype)
+    assert rms_norm(x[:, :40].to(DEV), w.float().to(DEV), 1e-6).dtype == torch.float32
+    h, y = add_rms_norm(x[:, :40].to(DEV), d[:, :40].to(DEV), w.to(DEV), 1e-6)
+    want_h = x[:, :40] + d[:, :40]
+    assert torch.equal(h.cpu(), want_h)
+    _close(y, _rms_norm(want_h.float(), w.float(), 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_centered_and_gated_norm_kernels_match_reference(dtype):
+    """The zero-centered (1 + w) norm, alone and after the residual add, and Gated DeltaNet's
+    gated output norm (strided gate rows), against the plain functions, in x's dtype."""
+    from engine.layers.norm import _gated_rms_norm, _rms_norm
+    from kernels.norm_triton import add_rms_norm, gated_rms_norm, rms_norm
+    _need(dtype)
+    gen = torch.Generator().manual_seed(6)
+    x, d, g = (torch.randn(6, 2 * 32, generator=gen).to(dtype) for _ in range(3))
+    w = (0.2 * torch.randn(32, generator=gen)).to(dtype)
+    x, d = x[:, :32].contiguous(), d[:, :32].contiguous()
+    got = rms_norm(x.to(DEV), w.to(DEV), 1e-6, True)
+    assert got.dtype == dtype
+    _close(got, _rms_norm(x.float(), w.float(), 1e-6, True), dtype)
+    h, y = add_rms_norm(x.to(DEV), d.to(DEV), w.to(DEV), 1e-6, True)
+    assert torch.equal(h.cpu(), x + d)
+    _close(y, _rms_norm((x + d).float(), w.float(), 1e-6, True), dtype)
+    for wt in (w, w.float()):
+        got = gated_rms_norm(x.to(DEV), g[:, 32:].to(DEV), wt.to(DEV), 1e-6)
+        assert got.dtype == dtype
+        _close(got, _gated_rms_norm(x.float(), g[:, 32:].float(), w.float(), 1e-6), dtype)
 
 
 # ---------------------------------------------------------------- CPU-branch merge

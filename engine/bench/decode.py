@@ -14,6 +14,7 @@ from dataclasses import asdict, replace
 import torch
 
 from engine.config import EngineConfig, SamplingParams
+from engine.dist import cache_totals, on_ranks
 from engine.loader import rebuild_experts
 from engine.moe.cache import CacheStats
 from engine.moe.replay import make_routing
@@ -50,11 +51,10 @@ def decode_once(sched: Scheduler, prompts: list[list[int]], tokens: int, prof=No
         sched.add(seq)
     until(lambda: all(seq.output for seq in seqs))
     sync(runner)
-    runner.runtime.sync_stats()
-    st = runner.runtime.cache.stats
+    before = cache_totals(runner)["stats"]  # summed over ranks
     if prof:
         prof.start()
-    before, t0 = replace(st), time.perf_counter()
+    t0 = time.perf_counter()
     for _ in range(tokens):
         assert len(sched.step()) == len(seqs), "a stream ended inside the timed window: raise the context"
     sync(runner)
@@ -63,8 +63,7 @@ def decode_once(sched: Scheduler, prompts: list[list[int]], tokens: int, prof=No
         prof.stop()
     for seq in seqs:
         sched.abort(seq)
-    runner.runtime.sync_stats()
-    return seconds, st - before
+    return seconds, cache_totals(runner)["stats"] - before
 
 
 def sync(runner: ModelRunner) -> None:
@@ -91,13 +90,18 @@ def hbm_gbps(runner: ModelRunner) -> float:
     return 2 * 5 * a.numel() / (time.perf_counter() - t0) / 1e9
 
 
-def decode_runtime(runner: ModelRunner, store, config: EngineConfig, routing: str, prof: dict):
-    """The expert runtime rebuilt for config (budget, policy, graphs) and `routing`, starting from
-    the profile's concurrent bandwidths, q* re-estimated online."""
+def decode_runtime(runner: ModelRunner, config: EngineConfig, routing: str, prof: dict) -> None:
+    """This rank's expert runtime rebuilt for config (budget, policy, graphs) and `routing`,
+    starting from the profile's concurrent bandwidths (rank 0's on every rank, so that rows
+    compare alike), q* re-estimated online. Run on every rank (engine.dist.on_ranks)."""
+    store = runner.runtime.store
     rt = rebuild_experts(runner, store, config,
-                         make_routing(routing, len(store.banks), store.n_experts, runner.cfg.router.top_k))
+                         make_routing(routing, len(store.banks), runner.cfg.num_experts, runner.cfg.router.top_k))
     rt.qstar.use_profile(prof)
-    return rt
+
+
+def follow_q(runner: ModelRunner, online: bool) -> None:
+    runner.runtime.qstar.follow(online)
 
 
 def random_prompt(runner: ModelRunner, n: int, stream: int = 0) -> list[int]:
@@ -113,13 +117,14 @@ def measure_policy(runner: ModelRunner, store, config: EngineConfig, routing: st
     fixed at the profile's). A row of depth d and batch B decodes the first d tokens of the first
     B `prompts`. The rows share one runtime and take turns repeat by repeat, so a drift in the
     host's speed falls on each alike."""
-    rt = decode_runtime(runner, store, config, routing, prof)
+    on_ranks(runner, decode_runtime, config, routing, prof)
+    rt = runner.runtime
     est = rt.qstar.estimator
     cases = [(d, b, m) for d in depths for b in batches for m in modes]
 
     def once(case: tuple[int, int, bool], n: int) -> tuple[float, CacheStats]:
         d, b, online = case
-        rt.qstar.follow(online)
+        on_ranks(runner, follow_q, online)
         return decode_once(sched, [p[:d] for p in prompts[:b]], n)
 
     for c in cases:
@@ -165,21 +170,23 @@ def policy_modes(policies: list[str]) -> list[tuple[str, list[bool]]]:
     return list(out.items())
 
 
-def bound(row: dict, prof: dict, dense: int, hbm: float) -> float:
+def bound(row: dict, prof: dict, dense: int, hbm: float, world: int = 1) -> float:
     """Upper bound on tok/s for this row's per-token misses, over a decode step of its `batch`
     streams: when both sides work, the step's missed bytes split ideally between the link and the
     CPU at their concurrent bandwidths (whatever split the policy chose); when one side works,
     that side at its solo bandwidth. Plus the GPU's own bytes at HBM speed: the dense weights once
-    per step; per token its hit and filled experts and its KV."""
+    per step; per token its hit and filled experts and its KV. With `world` ranks on one host,
+    each has its own link and HBM (the experts' bytes split over them; dense weights and KV are
+    every rank's), and they share one socket's B_H."""
     B = row["batch"]
     both = row["bytes_filled"] > 0 and row["bytes_cpu"] > 0
-    b_p = (prof["h2d_concurrent_gbps" if both else "h2d_gbps"] or hbm) * 1e9  # no GPU: a host memcpy
+    b_p = world * (prof["h2d_concurrent_gbps" if both else "h2d_gbps"] or hbm) * 1e9  # no GPU: a host memcpy
     b_h = prof["cpu_expert_concurrent_gbps" if both else "cpu_expert_gbps"] * 1e9
     if both:
         misses = B * (row["bytes_filled"] + row["bytes_cpu"]) / (b_p + b_h)
     else:
         misses = B * (row["bytes_filled"] / b_p + row["bytes_cpu"] / b_h)
-    device = dense + B * (row["hit_bytes"] + row["bytes_filled"] + row["kv_bytes"])
+    device = dense + B * ((row["hit_bytes"] + row["bytes_filled"]) / world + row["kv_bytes"])
     return B / (misses + device / (hbm * 1e9))
 
 
@@ -221,8 +228,9 @@ def run(runner: ModelRunner, store, base: EngineConfig, budgets: list[int | None
                 row["load"] = f"{contention} hog(s)" if load else "none"
                 row["routing"] = routing.split("/")[-1]
                 row["budget_gib"] = runner.runtime.cache.n_slots * store.layout.slot_bytes / 2**30
-                row["slots"] = runner.runtime.cache.n_slots
-                row["bound_tok_s"] = bound(row, prof, dense, hbm)
+                row["slots"] = runner.runtime.cache.n_slots  # per rank
+                row["world_size"] = runner.runtime.store.shard.world
+                row["bound_tok_s"] = bound(row, prof, dense, hbm, row["world_size"])
                 row["ratio"] = row["tok_s"] / row["bound_tok_s"]
                 rows.append(row)
                 say(row)

@@ -58,7 +58,7 @@ def build(a):
                           elastic=True)
     runner = load_synthetic(config, a.shape, a.layers)
     store = runner.runtime.store
-    rt = rebuild_experts(runner, store, config, make_routing(a.routing, len(store.banks), store.n_experts,
+    rt = rebuild_experts(runner, store, config, make_routing(a.routing, len(store.banks), runner.cfg.num_experts,
                                                              runner.cfg.router.top_k))
     rt.qstar.use_profile(load_or_measure(a.cpu_threads))
     sched = Scheduler(runner, set(), 1, runner.prefill_chunk, prefix_cache=False)

@@ -41,7 +41,6 @@ def parse_variant(spec: str) -> tuple[str, list[tuple[object, str, object]]]:
 def run(runner, config: EngineConfig, routing: str, variants: list[tuple[str, list]], tokens: int,
         repeats: int, prof: dict, say=print) -> dict[str, list[float]]:
     """-> {variant: [tok/s per repeat]}; each repeat runs every variant in turn."""
-    store = runner.runtime.store
     prompts, sched = [random_prompt(runner, 32)], bench_scheduler(runner)
     defaults = {(m, a): getattr(m, a) for _, sets in variants for m, a, _ in sets}
     runs: dict[str, list[float]] = {name: [] for name, _ in variants}
@@ -51,7 +50,7 @@ def run(runner, config: EngineConfig, routing: str, variants: list[tuple[str, li
                 setattr(m, a, v)
             for m, a, v in sets:
                 setattr(m, a, v)
-            decode_runtime(runner, store, config, routing, prof)
+            decode_runtime(runner, config, routing, prof)
             decode_once(sched, prompts, min(tokens, 8))  # warm-up: kernels, cache contents
             seconds, c = decode_once(sched, prompts, tokens)
             runs[name].append(tokens / seconds)

@@ -54,7 +54,7 @@ def main(routing: str, layers: int = 12, budget: str = "2GiB", out: str | None =
     for pol, b in (("fetch", cfg.expert_budget), ("adaptive", cfg.expert_budget), ("cpu", cfg.expert_budget),
                    ("fetch", everything)):
         c = replace(cfg, moe_policy=pol, expert_budget=b)
-        decode_runtime(runner, store, c, routing, prof)
+        decode_runtime(runner, c, routing, prof)
         decode_once(sched, prompts, 8)
         dt = decode_once(sched, prompts, 16)[0] / 16
         kind = runner.device.type.upper()

@@ -1,7 +1,7 @@
 """The flat description of one forward step: sequences' new tokens back to back."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -18,6 +18,11 @@ class ForwardBatch:
     logit_rows: torch.Tensor    # rows of [T] whose logits are wanted
     state_slots: torch.Tensor | None = None  # [B] int64 recurrent-state slot (hybrid models)
     snapshots: tuple[tuple[int, int, int], ...] = ()  # (sequence, offset in its new tokens, checkpoint)
+
+    def to(self, device: torch.device | str) -> "ForwardBatch":
+        """The same step with its tensors on `device` (how it travels to other ranks)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
     @staticmethod
     def build(seqs: list[tuple[list[int], int, list[int]]], page_size: int,

@@ -20,6 +20,7 @@ class KVPool:
         self.n_pages = n_pages
         self.refs = [0] * n_pages
         self.free = list(range(n_pages - 1, -1, -1))
+        self.log: list | None = None  # as StatePool.log: rank 0's copies between steps (engine.dist)
 
     @property
     def bytes(self) -> int:
@@ -54,6 +55,8 @@ class KVPool:
         self.k[:, dst].copy_(self.k[:, src])
         if self.v is not None:
             self.v[:, dst].copy_(self.v[:, src])
+        if self.log is not None:
+            self.log.append(("kv", "copy_page", src, dst))
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor | None, slots: torch.Tensor) -> None:
         """k, v [T, Hkv, D] (v None without values) into flat token slots [T] (page * page_size + offset)."""

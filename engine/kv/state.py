@@ -24,6 +24,8 @@ class StatePool:
         self.saved_conv = torch.zeros(n_saved, n_layers, *conv, dtype=dtype, pin_memory=pin)
         self.saved_rec = torch.zeros(n_saved, n_layers, *rec, dtype=torch.float32, pin_memory=pin)
         self.free = list(range(n_slots - 1, -1, -1))
+        # rank 0 of several (engine.dist): the changes made between steps, which the others replay
+        self.log: list | None = None
 
     @property
     def n_saved(self) -> int:
@@ -38,9 +40,14 @@ class StatePool:
         if not self.free:
             raise UserError(f"all {self.conv.shape[1]} recurrent-state slots are in use; lower --max-running")
         slot = self.free.pop()
+        self.clear(slot)
+        return slot
+
+    def clear(self, slot: int) -> None:
+        """Zero a live slot's states (a new sequence's)."""
         self.conv[:, slot].zero_()
         self.rec[:, slot].zero_()
-        return slot
+        self._logged("clear", slot)
 
     def release(self, slot: int) -> None:
         assert slot not in self.free
@@ -50,6 +57,7 @@ class StatePool:
         """Checkpoint `dst` := the states of live `slot`, every layer."""
         self.saved_conv[dst].copy_(self.conv[:, slot], non_blocking=True)
         self.saved_rec[dst].copy_(self.rec[:, slot], non_blocking=True)
+        self._logged("save", slot, dst)
 
     def save_layer(self, layer: int, dst: int, conv: torch.Tensor, rec: torch.Tensor) -> None:
         """Checkpoint `dst`'s states of one layer (a layer saving mid-sequence)."""
@@ -60,3 +68,8 @@ class StatePool:
         """Live `slot` := checkpoint `src`."""
         self.conv[:, slot].copy_(self.saved_conv[src], non_blocking=True)
         self.rec[:, slot].copy_(self.saved_rec[src], non_blocking=True)
+        self._logged("restore", src, slot)
+
+    def _logged(self, *op) -> None:
+        if self.log is not None:
+            self.log.append(("states", *op))

@@ -1,7 +1,10 @@
-"""Elementwise chains fused on the GPU. A decode step runs dozens of tiny ops per layer (norms,
-rotary embeddings), each a ~2 us kernel launch; torch.compile turns each small
-function below into one or two kernels. Other devices run the plain function, which stays the
-reference."""
+"""Elementwise chains fused on the GPU: the rotary embedding where attention runs it unfused
+(MLA; q/k norm over all heads, clipped q/k/v, an output gate or (1 + w) norms; the others take
+the Triton attention prologue).
+At decode each tiny op is a ~2 us kernel launch; torch.compile turns the function into one or
+two kernels. Other devices run the plain function, which stays the reference. (Norms are plain
+Triton kernels, kernels.norm_triton: Dynamo traces every compiled region again in each new
+process, which a cold start pays.)"""
 from __future__ import annotations
 
 import functools

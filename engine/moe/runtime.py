@@ -78,10 +78,17 @@ class ExpertRuntime:
 
     def forward(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 prefill: bool) -> torch.Tensor:
-        """x [T, H]; ids, weights [T, K] from the router -> [T, H] in x's dtype."""
-        c = self.cache
+        """x [T, H]; ids, weights [T, K] from the router -> [T, H] in x's dtype: this rank's
+        routes (its shard's experts), summed with the other ranks' (engine.moe.shard)."""
         if self.routing is not None:
             ids = self.routing(layer, ids)
+        shard = self.store.shard
+        return shard.reduce(self._forward(layer, x, shard.local(layer, ids), weights, prefill))
+
+    def _forward(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                 prefill: bool) -> torch.Tensor:
+        """The routes of ids [T, K] (local ids, -1: another rank's) -> [T, H] in x's dtype."""
+        c = self.cache
         if self.device_ctl is not None and not prefill and ids.numel() <= self.device_ctl.route.numel():
             return self.device_ctl.forward(layer, x, ids, weights)
         ids_h = ids.cpu()
@@ -90,7 +97,7 @@ class ExpertRuntime:
         # hot. A long one scans nearly every expert: each layer is either streamed whole into a
         # prefill buffer or has its misses fetched as cold entries, so the decode working set
         # survives it.
-        scan = prefill and ids.numel() > SHORT_ROUTES_PER_EXPERT * c.n_experts
+        scan = prefill and ids.numel() > SHORT_ROUTES_PER_EXPERT * self.store.shard.n_experts  # the same on every rank
         st = self.streamer
         if scan:
             c.stats.record(scan=True)
@@ -98,7 +105,7 @@ class ExpertRuntime:
                 st.begin(x.shape[0])
         slots = st.take(layer) if scan else None
         if slots is not None:
-            out = self.run_cached(x, slots[ids], weights)
+            out = self.run_cached(x, torch.where(ids < 0, -1, slots[ids]), weights)
             missing = c.tables.missing(ids_h.tolist(), layer * c.n_experts)
         else:
             out, missing = self._routed(layer, x, ids_h, weights, scan)

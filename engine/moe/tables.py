@@ -29,7 +29,8 @@ class ResidencyTables(Protocol):
         slots, fetched expert ids, hits, misses)."""
 
     def missing(self, ids: list[list[int]], base: int) -> int:
-        """Distinct experts of ids [T][K] (flat ids from `base`) that are not resident."""
+        """Distinct experts of ids [T][K] (flat ids from `base`; -1: routed elsewhere) that are
+        not resident."""
 
     def reserve(self, n: int) -> list[int]:
         """Take the n least recently used slots out of the cache (prefill buffers)."""
@@ -98,15 +99,15 @@ class HostTables:
         return slots, flats
 
     def missing(self, ids: list[list[int]], base: int) -> int:
-        return sum(self.slot_of[base + e] < 0 for e in {e for row in ids for e in row})
+        return sum(self.slot_of[base + e] < 0 for e in {e for row in ids for e in row if e >= 0})
 
     def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
-        """ids [T][K] expert ids of the layer whose flat ids start at `base` -> (route slots
-        [T*K] with -1 = CPU, victim slots, fetched expert ids, hits, misses). cold: the fills
-        enter as least recently used (see kernels.ref.plan)."""
+        """ids [T][K] expert ids of the layer whose flat ids start at `base` (-1: routed
+        elsewhere) -> (route slots [T*K] with -1 = CPU or elsewhere, victim slots, fetched expert
+        ids, hits, misses). cold: the fills enter as least recently used (see kernels.ref.plan)."""
         self.clock += 1
-        flat = [base + e for row in ids for e in row]
-        counts = Counter(flat)
+        flat = [base + e if e >= 0 else -1 for row in ids for e in row]
+        counts = Counter(f for f in flat if f >= 0)
         uniq = sorted(counts)
         hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
         misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
@@ -127,7 +128,8 @@ class HostTables:
             self.lru.move_to_end(s, last=False)
         for f in uniq:
             self.seen[f] = self.clock
-        return [self.slot_of[f] for f in flat], victims, [f - base for f in misses[:n]], len(hit_slots), len(misses)
+        route = [self.slot_of[f] if f >= 0 else -1 for f in flat]
+        return route, victims, [f - base for f in misses[:n]], len(hit_slots), len(misses)
 
 
 class DeviceTables:
@@ -188,7 +190,8 @@ class DeviceTables:
         return slots.tolist(), flats.tolist()
 
     def missing(self, ids: list[list[int]], base: int) -> int:
-        flat = torch.tensor(sorted({base + e for row in ids for e in row}), device=self.slot_of.device)
+        flat = torch.tensor(sorted({base + e for row in ids for e in row if e >= 0}), dtype=torch.int64,
+                            device=self.slot_of.device)
         return int((self.slot_of[flat] < 0).sum())
 
     @property

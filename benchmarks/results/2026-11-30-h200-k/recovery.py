@@ -26,7 +26,7 @@ def main() -> None:
     t0 = time.time()
     for name, steps in (("probe", rt_mod.PROBE_STEPS), ("no-probe", 1 << 30)):
         rt_mod.PROBE_STEPS = steps
-        decode_runtime(engine, engine.runtime.store, config, f"trace:{trace}", prof)
+        decode_runtime(engine, config, f"trace:{trace}", prof)
         decode_once(engine, prompt, 8)
         for phase, rounds in (("idle", 3), ("load", 4), ("after", 6)):
             if phase == "load":
