@@ -158,6 +158,13 @@ class Rank:
         except RuntimeError as e:
             die(f"lost a rank ({first_line(e)}); stopping every rank", self.children)
 
+    def leave(self) -> None:
+        """Destroy the groups, and drop this object's references to them so that their threads
+        are joined now: a gloo group kept alive into the interpreter's teardown may still be
+        releasing its last broadcast there, which needs the GIL and aborts the process."""
+        dist.destroy_process_group()
+        self.data = self.ctl = None
+
     def close(self) -> None:
         """Rank 0, at exit: the followers leave their loop and exit, then this rank leaves."""
         global _me
@@ -173,7 +180,7 @@ class Rank:
         if self.children:
             self.children.stop()
         if clean:
-            dist.destroy_process_group()
+            self.leave()
         shard.leave()
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)  # the file store's directory
@@ -341,7 +348,7 @@ def _follow(me: Rank) -> None:
                 die(f"rank {me.rank}: lost rank 0 ({first_line(e)}); exiting")
     me.runner = None  # its CPU workers stop now, not in the interpreter's teardown
     gc.collect()
-    dist.destroy_process_group()
+    me.leave()
 
 
 def load(config, fn: Callable, *args, local: dict | None = None, **kwargs):
