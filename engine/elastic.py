@@ -60,8 +60,8 @@ def resize_experts(runner, budget: int, max_running: int) -> None:
             # another program took the memory meanwhile: the size the pool fell back to, else half
             # of it, down to one layer's experts
             release_graphs(runner)
-            if slots == store.n_experts:
-                raise
+            if slots == store.n_experts or store.shard.world > 1:
+                raise  # over ranks a retry of this rank alone would leave the others in the capture's collectives
             short, slots = True, c.n_slots if c.n_slots < slots else max(store.n_experts, slots // 2)
     if c.nbytes >= store.nbytes:
         rt.warm()  # every expert fits: all resident, as at load

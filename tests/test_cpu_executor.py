@@ -307,7 +307,8 @@ def test_poller_serves_the_graph_protocol_and_times_fills(ex, fmt):
         assert step(0, x, none, w, n_fill=2, fill_after=0.01).abs().sum() == 0  # no CPU route: zeros
         jobs, experts, seconds, fills, fill_seconds = poller.stats()
         assert jobs == 1 and experts == len(set(ids[ids >= 0].tolist())) and seconds > 0
-        assert fills == 5 and 0.03 <= fill_seconds < 5
+        # 0.03 s of fills from go to flag, less however late a busy host let the poller see each go
+        assert fills == 5 and 0.01 <= fill_seconds < 5
         step(1, x, ids, w, n_fill=1, fill_after=None)     # its fill flag is never seen ...
         got = step(0, x, ids, w, n_fill=1, fill_after=0.0)  # ... and the next go is still served
         assert rel_err(got, ref.moe_experts(x, *banks[0], ids, w)) < 1e-5
