@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 import tiny
-from test_server import DEMO, KEY, MODEL, Live, _free_port, force
+from test_server import DEMO, KEY, MODEL, Live, _free_port, force, wait_ready
 
 TEMPLATE = (
     "{%- for m in messages %}{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}"
@@ -42,11 +42,7 @@ def live(tmp_path_factory):
     while not server.started:
         time.sleep(0.02)
     srv = Live(app, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}")
-    deadline = time.time() + 300
-    while (health := srv.http.get("/health").json())["status"] == "loading":
-        assert time.time() < deadline, health
-        time.sleep(0.1)
-    assert health["status"] == "ok", health
+    wait_ready(srv)
     yield srv
     server.should_exit = True
     thread.join(30)

@@ -32,6 +32,15 @@ def force(text: str) -> dict:
     return {"x-freetoken-force-output": quote(text)}
 
 
+def wait_ready(srv) -> None:
+    """Until the live server's model has loaded (five minutes at most)."""
+    deadline = time.time() + 300
+    while (health := srv.http.get("/health").json())["status"] == "loading":
+        assert time.time() < deadline, health
+        time.sleep(0.1)
+    assert health["status"] == "ok", health
+
+
 class Live:
     def __init__(self, app, base: str):
         self.app, self.base = app, base
@@ -86,11 +95,7 @@ def live():
                    "chat": srv.http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER}),
                    "messages": srv.http.post("/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 4})}
     gate.set()
-    deadline = time.time() + 300
-    while (health := srv.http.get("/health").json())["status"] == "loading":
-        assert time.time() < deadline, health
-        time.sleep(0.1)
-    assert health["status"] == "ok", health
+    wait_ready(srv)
     yield srv
     server.should_exit = True
     thread.join(30)

@@ -7,12 +7,11 @@ query; old tool results cleared every `clear_every` turns). Each turn's answer i
 both runs see the same tokens. Rows: per turn, prompt tokens, tokens reused and TTFT per mode."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
-from engine.bench.decode import sync
+from engine.bench.prefill import first_token
 from engine.config import SamplingParams
 from engine.kv.anchors import Anchors
 from engine.runner import ModelRunner
@@ -86,13 +85,7 @@ def session(v: Vocab, s: Shape) -> list[tuple[list[int], list[int]]]:
 def replay_turn(runner: ModelRunner, sched: Scheduler, prompt: list[int], answer: list[int]) -> tuple[float, int]:
     """-> (time to the first answer token, prompt tokens reused)."""
     seq = Sequence(list(prompt), SamplingParams(max_tokens=len(answer), forced=tuple(answer), ignore_eos=True))
-    sched.add(seq)
-    sync(runner)
-    t0 = time.perf_counter()
-    while not seq.output:
-        sched.step()
-    sync(runner)
-    ttft = time.perf_counter() - t0
+    ttft = first_token(runner, sched, seq)
     while not seq.finish:
         sched.step()
     return ttft, seq.cached

@@ -16,7 +16,11 @@ from engine.scheduler import Scheduler, Sequence
 
 
 def ttft(runner: ModelRunner, sched: Scheduler, prompt: list[int]) -> float:
-    seq = Sequence(list(prompt), SamplingParams(max_tokens=1, ignore_eos=True))
+    return first_token(runner, sched, Sequence(list(prompt), SamplingParams(max_tokens=1, ignore_eos=True)))
+
+
+def first_token(runner: ModelRunner, sched: Scheduler, seq: Sequence) -> float:
+    """Seconds from adding `seq` to its first output token."""
     sched.add(seq)
     sync(runner)
     t0 = time.perf_counter()
