@@ -49,12 +49,17 @@ def resize_experts(runner, budget: int, max_running: int) -> None:
     assert not rt.streamer.active, "the expert cache is resized between steps only"
     rt.sync_stats()
     old, graphs, asked, short = c.tables, runner.graphs is not None, slots, False
+    t0, before, tries = time.perf_counter(), c.nbytes, 0
     release_graphs(runner)
     while True:
+        tries += 1
         try:
+            t1 = time.perf_counter()
             c.resize(slots, least=store.n_experts)
+            t2 = time.perf_counter()
             if graphs:  # the capture's warm-up needs room beside the pool too
                 capture_graphs(runner, max_running)
+            t3 = time.perf_counter()
             break
         except torch.cuda.OutOfMemoryError:
             # another program took the memory meanwhile: the size the pool fell back to, else half
@@ -67,6 +72,9 @@ def resize_experts(runner, budget: int, max_running: int) -> None:
         rt.warm()  # every expert fits: all resident, as at load
     else:
         c.adopt(old, store.rows)
+    t4 = time.perf_counter()
+    log.info("expert cache %s -> %s in %.2f s (%d tries; the last: pool %.2f s, graphs %.2f s; experts copied %.2f s)",
+             size_text(before), size_text(c.nbytes), t4 - t0, tries, t2 - t1, t3 - t2, t4 - t3)
     if short:
         raise UserError(f"the device has no room for {size_text(asked * slot)} of experts; the cache "
                         f"holds {size_text(c.nbytes)}. Free device memory or ask for less")

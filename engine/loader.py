@@ -83,10 +83,11 @@ def expert_slots(config: EngineConfig, layout: SlotLayout, store_bytes: int, n_e
 
 
 def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, int], None] | None = None) -> ModelRunner:
-    """The experts are read on a background thread from the start, the dense weights on another
-    while this thread creates the device context; then it moves the dense weights to the device
-    and builds the KV pool, the expert cache and its control, which need only the host store's
-    addresses. The decode graphs' warm-up and capture and the resident copy wait for the read."""
+    """The dense weights are read on a thread while this one creates the device context, then
+    the experts on another (which meanwhile page-locks their buffer); this thread moves the dense
+    weights to the device, builds the KV pool, the expert cache and its control, which need only
+    the host store's addresses, warms the prefill path and captures the decode graphs while the
+    experts are read; only the resident copy waits for the read."""
     from ftw import FTWReader
     reader = FTWReader(path)
     if config.verify:
@@ -103,18 +104,19 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
         done[0] += n
         if progress:
             progress("experts", done[0], total)
-    store = HostExpertStore.load(reader, cfg.moe_layer_ids, shard, layout, tick)
-    try:
-        with ThreadPoolExecutor(1, thread_name_prefix="dense-read") as pool:
-            dense = pool.submit(read_dense, reader, cfg, dtype)
+    with ThreadPoolExecutor(1, thread_name_prefix="dense-read") as pool:
+        dense = pool.submit(read_dense, reader, cfg, dtype)  # first: the disk is the dense weights' alone
+        store = HostExpertStore.load(reader, cfg.moe_layer_ids, shard, layout, tick, pin=device.type == "cuda",
+                                     after=dense)
+        try:
             start_device(device)
             clock.mark("device")
             model = to_device(dense.result(), device)
-        clock.mark("dense")
-        return assemble(config, cfg, model, store, device, dtype, path, clock)
-    except BaseException:
-        store.stop()
-        raise
+            clock.mark("dense")
+            return assemble(config, cfg, model, store, device, dtype, path, clock)
+        except BaseException:
+            store.stop()
+            raise
 
 
 def start_device(device: torch.device) -> None:
@@ -213,10 +215,10 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
                     clock: Phases | None = None) -> ExpertRuntime:
     """(Re)build the device expert cache and runtime for config's budget and policy (and an
     optional routing override, which a CUDA graph must see at capture). The host store is
-    untouched; the old cache is freed first. What needs the store's contents (the decode graphs'
-    warm-up steps fill from it, the resident copy) waits for its load, then pins it. clock marks
-    the phases experts (cache, runtime, control), wait (for the read), pin, prefill (warm-up),
-    graphs, resident."""
+    untouched; the old cache is freed first. The warm-ups and the capture need only the store's
+    pinned addresses (what they compute on rows still being read is thrown away); the resident
+    copy waits for the read. clock marks the phases experts (cache, runtime, control), pin,
+    prefill (warm-up), graphs, wait (for the read), resident."""
     clock = clock or Phases()
     cfg, layout, old = runner.cfg, store.layout, runner.runtime
     release_graphs(runner)
@@ -245,8 +247,6 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
         runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
         runtime.device_ctl.set_q()  # the capture's warm-up steps must follow the policy too
     clock.mark("experts")
-    store.wait()
-    clock.mark("wait")
     if runner.device.type == "cuda":
         store.pin()
     clock.mark("pin")
@@ -257,6 +257,8 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     if cuda_graphs:
         capture_graphs(runner, config.max_running)
     clock.mark("graphs")
+    store.wait()
+    clock.mark("wait")
     if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
         runtime.warm()
     clock.mark("resident")

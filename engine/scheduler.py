@@ -10,7 +10,7 @@ from that cache) when there is room. The oldest sequence always fits, so every r
 
 Hybrid models also hold a recurrent-state slot per running sequence and checkpoint it at semantic
 anchors (engine.kv.anchors, engine.kv.checkpoints): the last PROMPT_ANCHORS anchors of the part
-of a sequence it has yet to prefill, and the anchors of the output (each at least anchors.GAP
+of a sequence it has yet to prefill (its end counts as one), and the anchors of the output (each at least anchors.GAP
 tokens after the sequence's previous checkpoint). A preempted sequence gives its slot back and
 is checkpointed where it stopped, to resume from there.
 
@@ -55,6 +55,7 @@ class Sequence:
     id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self):
+        self.tokens = list(self.tokens)  # its own list: the caller's prompt stays as it was
         self.n_prompt = len(self.tokens)
         self.gen = generator(self.params)
 
@@ -129,7 +130,9 @@ class Scheduler:
             seq.pages, seq.n_cached = self._reuse(seq)
             seq.checkpointed = seq.n_cached
             if self.anchors:
-                seq.anchors = self.anchors.positions(seq.tokens, seq.n_cached, len(seq.tokens) - 1)[-PROMPT_ANCHORS:]
+                end = len(seq.tokens)  # the prompt's end too: a follow-up or a retry may continue it
+                ps = self.anchors.positions(seq.tokens, seq.n_cached, end - 1)
+                seq.anchors = (ps + [end] * (end - (ps[-1] if ps else seq.n_cached) >= GAP))[-PROMPT_ANCHORS:]
             if not seq.admitted:
                 seq.cached, seq.admitted = seq.n_cached, True
                 if seq.params.grammar and seq.constraint is None:

@@ -189,11 +189,12 @@ def startup(model: Optional[str] = ModelArg,
     t.add_column("seconds", justify="right")
     t.add_column("", justify="left")
     read = "" if r["read_s"] is None else (
-        f"the expert read's remainder (its own thread from the start: {r['read_s']:.2f} s, {r['read_gbps']:.2f} GB/s"
+        f"the expert read's remainder (its own thread after the dense read: {r['read_s']:.2f} s, {r['read_gbps']:.2f} GB/s"
         + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
            f"{'' if r['disk_direct'] else ', buffered: maybe the page cache'}" if "read_bound_s" in r else "") + ")")
     notes = {"device": "CUDA context, cuBLAS (the dense weights are read meanwhile)",
              "dense": "the rest of the dense read; to the device", "build": "random experts built (synthetic)", "wait": read,
+             "pin": "waits for the expert thread's page-lock of its buffer, taken before its read",
              "experts": "expert cache, runtime, device control, CPU executor",
              "prefill": "one short prefill on dummy tokens: the prefill path's first use",
              "compile": "decode graphs' warm-up steps: Triton JIT, torch.compile", "capture": "decode graphs captured",

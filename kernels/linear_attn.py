@@ -1,10 +1,14 @@
 """Gated-delta-rule kernels for Gated DeltaNet layers: flash-linear-attention's Triton kernels
-(the optional `flash-linear-attention` package) on CUDA when it imports, else the plain-torch
-references of kernels/ref.py, which are also the CPU path. Same arguments and results as
+(the optional `flash-linear-attention` package) on CUDA when it imports and the values are in
+half precision, else the plain-torch references of kernels/ref.py, which are also the CPU path:
+FLA's matrix products run in TF32 for fp32 inputs (~1e-3 relative), so an fp32 model, the
+exact path the parity tests hold to 1e-4 of transformers, keeps the references. Same arguments and results as
 ref.gated_delta_chunked (one sequence) and ref.gated_delta_step (one token per sequence)."""
 from __future__ import annotations
 
 import functools
+
+import torch
 
 from kernels import ref
 
@@ -18,13 +22,17 @@ def _fla():
     return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 
+def _use_fla(v: torch.Tensor):
+    return _fla() if v.is_cuda and v.dtype in (torch.bfloat16, torch.float16) else None
+
+
 def _heads(q, k, v):
     """FLA takes as many q/k heads as v heads: expand grouped keys."""
     return ref._expand_heads(q, v.shape[-2]), ref._expand_heads(k, v.shape[-2])
 
 
 def chunked(q, k, v, g, beta, state):
-    fla = _fla() if v.is_cuda else None
+    fla = _use_fla(v)
     if fla is None:
         return ref.gated_delta_chunked(q, k, v, g, beta, state)
     q, k = _heads(q, k, v)
@@ -34,7 +42,7 @@ def chunked(q, k, v, g, beta, state):
 
 
 def step(q, k, v, g, beta, state):
-    fla = _fla() if v.is_cuda else None
+    fla = _use_fla(v)
     if fla is None:
         return ref.gated_delta_step(q, k, v, g, beta, state)
     q, k = _heads(q, k, v)  # B sequences of one token: [B, 1, H, D]

@@ -198,6 +198,7 @@ def test_store_loads_in_the_background():
     only the shard's experts of each bank (rank 1 of 2 here: rows 1, 3 of layer 0, then 0, 2),
     and the padding row of a shard's smaller layer stays zero."""
     import threading
+    from concurrent.futures import Future
     from engine.moe.layout import SlotLayout
     from engine.moe.shard import ExpertShard
     from engine.moe.store import HostExpertStore, bank_name
@@ -241,4 +242,11 @@ def test_store_loads_in_the_background():
     store.stop()
     assert r.reads == [(bank_name(1), [0, 1])]
     store.wait()  # nothing left to wait for
+    r, first = Reader(), Future()  # after another read (the dense weights'): not before it is done
+    r.go.set()
+    store = HostExpertStore.load(r, [1, 3], one, layout, after=first)
+    assert not r.inside.wait(0.2) and r.reads == []
+    first.set_result(None)
+    store.wait()
+    assert len(r.reads) == 2
 

@@ -152,6 +152,16 @@ def test_scheduler_reports_restored_tokens_and_matches_a_fresh_prefill(agent):
     assert stats["state_checkpoints_restored"] >= 1 and stats["state_checkpoint_bytes"] > 0
 
 
+def test_a_follow_up_resumes_at_the_end_of_the_prompt_before_it(agent):
+    sched, _ = agent
+    prompt = words(50, 20)  # no anchor inside: only its end
+    run(sched, prompt, 4)
+    follow = prompt + words(12, 21)
+    assert run(sched, follow, 4).cached == len(prompt)
+    fresh = Scheduler(sched.runner, set(), 1, 32, prefix_cache=False)
+    assert run(fresh, follow, 4).output == run(sched, follow, 4).output
+
+
 def test_pool_is_bounded_and_evicts_least_recently_used(tiny_model):
     e = load(tiny_model("qwen3_next")[2], kv_tokens=1024, state_checkpoints=2)
     sched = Scheduler(e, set(), 1, 32, anchors=ANCHORS)

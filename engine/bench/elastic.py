@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import multiprocessing as mp
 import statistics
 import time
@@ -153,7 +154,9 @@ def main() -> None:
     p.add_argument("--hold", type=float, default=20.0, help="seconds it holds the memory")
     p.add_argument("--recover", type=float, default=20.0, help="seconds measured after it frees the memory")
     p.add_argument("--every", type=float, default=1.0, help="seconds per row")
-    run(p.parse_args())
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(relativeCreated)8.0f ms %(name)s: %(message)s")
+    run(a)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait as futures_wait
 from typing import Callable
 
 import torch
@@ -41,6 +41,7 @@ class HostExpertStore:
         self.banks = list(rows.view(-1, shard.n_local, layout.slot_bytes))
         self.views = [layout.views(b) for b in self.banks]  # per MoE layer: {name: [E, ...]}
         self.pinned = False
+        self._pin_lock = threading.Lock()
         self.read_seconds: float | None = None  # how long load()'s background read took
         self._loading: Future | None = None
         self._stop = threading.Event()
@@ -65,20 +66,29 @@ class HostExpertStore:
         return store
 
     def pin(self) -> None:
-        """Page-lock the rows (once); only after wait(), since pinning fixes the pages."""
-        if not self.pinned:
-            pin_(self.rows)
-            self.pinned = True
+        """Page-lock the rows (once; a call while load()'s thread pins waits for it)."""
+        with self._pin_lock:
+            if not self.pinned:
+                pin_(self.rows)
+                self.pinned = True
 
     @staticmethod
     def load(reader, layers: list[int], shard: ExpertShard, layout: SlotLayout,
-             progress: Callable[[int], None] | None = None) -> "HostExpertStore":
+             progress: Callable[[int], None] | None = None, pin: bool = False,
+             after: Future | None = None) -> "HostExpertStore":
         """Start reading the shard's experts of every bank straight into their places in one
-        buffer, on a background thread; the store's addresses are usable at once, its contents
-        after wait()."""
+        buffer, on a background thread, once `after` (another read) is done; the store's
+        addresses are usable at once, its contents after wait(). With pin, that thread first
+        zeroes the buffer (its pages faulted in on every core) and page-locks it, so fills and
+        the warm-up steps can read rows before the read ends (unread rows compute zeros)."""
         store = HostExpertStore.empty(len(layers), shard, layout)
 
         def read() -> float:
+            if pin:
+                store.rows.zero_()
+                store.pin()
+            if after is not None:
+                futures_wait([after])
             t0 = time.perf_counter()
             for i, (bank, layer) in enumerate(zip(store.banks, layers)):
                 if store._stop.is_set():
