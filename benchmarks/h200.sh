@@ -53,10 +53,10 @@ decode-b)  # issue 4: a locality trace at three budgets, a competing host-memory
 prefill)  # issue 5: TTFT per prefill mode (16k prompt in 2048-token chunks), 200-token follow-up
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 8GiB --lengths 1024,16384 \
-    --mode stream,adaptive --follow-up 200 --out "$out/prefill.json" > "$out/prefill.txt" 2>&1; cat "$out/prefill.txt"
+    --mode stream,adaptive --follow-up 200 --prefill-chunk 2048 --out "$out/prefill.json" > "$out/prefill.txt" 2>&1; cat "$out/prefill.txt"
   # the compute floor: the same 16k prompt with every expert resident
   ft bench prefill --synthetic qwen3-30b-a3b --cpu-threads 8 --expert-budget 60GiB --lengths 16384 --mode routed \
-    --follow-up 0 --out "$out/prefill_resident.json" > "$out/prefill_resident.txt" 2>&1; cat "$out/prefill_resident.txt" ;;
+    --follow-up 0 --prefill-chunk 2048 --out "$out/prefill_resident.json" > "$out/prefill_resident.txt" 2>&1; cat "$out/prefill_resident.txt" ;;
 depth)  # issue 22: decode at 1k-64k of context and with 1, 4, 8 streams; every expert resident (16GiB > 9 GiB) and 1/8
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2>&1
   m8="--synthetic qwen3-30b-a3b --layers 8 --cpu-threads 8 --moe-policy adaptive --routing model --tokens 32 --repeats 3"

@@ -110,7 +110,7 @@ def prefill(model: Optional[str] = ModelArg,
             mode: str = typer.Option("stream,routed,adaptive", help="comma list of prefill modes"),
             lengths: str = typer.Option("1024,4096,16384", help="comma list of cold prompt lengths"),
             follow_up: int = typer.Option(200, help="tokens of a follow-up after the last (cached) prompt; 0 = none"),
-            prefill_chunk: int = typer.Option(2048, help="tokens per prefill chunk"),
+            prefill_chunk: str = Chunk,
             device: str = Device,
             as_json: bool = Json,
             out: Optional[Path] = Out):
@@ -137,7 +137,7 @@ def prefill(model: Optional[str] = ModelArg,
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"prefill: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, chunk {prefill_chunk}")
+    t = Table(title=f"prefill: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, chunk {runner.prefill_chunk}")
     for col in ("mode", "prompt", "tokens", "TTFT s", "streaming bound s", "TTFT / bound", "layers streamed", "moved GiB"):
         t.add_column(col, justify="left" if col in ("mode", "prompt") else "right")
     for r in rows:

@@ -268,8 +268,11 @@ def test_bench_prefill_rows(tiny_hf):
     assert [(x["mode"], x["prompt"]) for x in rows] == [
         (m, p) for m in ("stream", "routed", "adaptive") for p in ("cold", "cold", "+12 after 160")]
     for x in rows:
-        assert x["ttft_s"] > 0 and x["bound_s"] > 0
+        assert x["ttft_s"] > 0 and x["bound_s"] > 0 and x["chunk"] == 64
         assert (x["streamed_layers"] > 0) == (x["mode"] == "stream" and x["prompt"] == "cold")
+    r = cli("bench", "prefill", tiny_hf, "--device", "cpu", "--lengths", 64, "--follow-up", 0, "--mode", "routed", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["rows"][0]["chunk"] == 256  # by default the engine's own (its floor, for an 80-token context)
     one_line_error(cli("bench", "prefill", tiny_hf, "--mode", "teleport"), "teleport")
 
 
