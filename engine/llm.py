@@ -118,7 +118,7 @@ class LLM:
         """Yield generated token ids (eos included when it ends the answer); progress(done, total)
         is called after each prefill chunk of a prompt longer than one chunk."""
         self.check_prompt(prompt)
-        seq = Sequence(list(prompt), params)
+        seq = Sequence(prompt, params)
         before, t0 = self.cache_stats, time.perf_counter()
         replays0 = self.runner.graphs.replays if self.runner.graphs else 0
         self.stats = GenStats(prompt_tokens=len(prompt))

@@ -96,7 +96,7 @@ class Batcher:
     async def generate(self, prompt: list[int], params: SamplingParams) -> AsyncIterator[Start | Delta | Finish]:
         """Stream a Start, Delta(text, ids) chunks, then one Finish. Stop strings end the text early."""
         self.llm.check_prompt(prompt)
-        seq, q = Sequence(list(prompt), params), asyncio.Queue()
+        seq, q = Sequence(prompt, params), asyncio.Queue()
         self._sinks[seq.id] = (asyncio.get_running_loop(), q)
         dec, stop = self.tokenizer.decoder(), StopText(params.stop)
         self._post("add", seq)

@@ -84,7 +84,7 @@ def greedy(runner, prompt: list[int], n: int) -> list[int]:
     from engine.config import SamplingParams
     from engine.scheduler import Scheduler, Sequence
     sched = Scheduler(runner, set(), 1, 2048, prefix_cache=False)
-    seq = Sequence(list(prompt), SamplingParams(max_tokens=n, temperature=0))
+    seq = Sequence(prompt, SamplingParams(max_tokens=n, temperature=0))
     sched.add(seq)
     while not seq.finish:
         sched.step()

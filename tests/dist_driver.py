@@ -46,7 +46,7 @@ def agent_turns(runner, tokens: int) -> dict:
         return [1] + torch.randint(20, 256, (n,), generator=gen).tolist() + [2]
 
     def answer(prompt: list[int]) -> list[int]:
-        seq = Sequence(list(prompt), SamplingParams(max_tokens=tokens, temperature=0))
+        seq = Sequence(prompt, SamplingParams(max_tokens=tokens, temperature=0))
         sched.add(seq)
         while not seq.finish:
             sched.step()

@@ -32,7 +32,7 @@ def test_demo_greedy_matches_transformers_and_is_stable(demo):
     outs = []
     for _ in range(2):
         sched = Scheduler(demo, {2}, 1, 2048, prefix_cache=False)
-        seq = Sequence(list(ids), SamplingParams(max_tokens=24))
+        seq = Sequence(ids, SamplingParams(max_tokens=24))
         sched.add(seq)
         while not seq.finish:
             sched.step()

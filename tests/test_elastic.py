@@ -43,7 +43,7 @@ def check_cache(rt) -> None:
 def decode_two(runner, tokens: int = 12, at_step=None) -> list[list[int]]:
     """Two greedy sequences decoded together; at_step(sched, step) runs before every step."""
     sched = Scheduler(runner, set(), 2, 2048, prefix_cache=False)
-    seqs = [Sequence(list(p), SamplingParams(max_tokens=tokens, ignore_eos=True)) for p in PROMPTS]
+    seqs = [Sequence(p, SamplingParams(max_tokens=tokens, ignore_eos=True)) for p in PROMPTS]
     for s in seqs:
         sched.add(s)
     step = 0

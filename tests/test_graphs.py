@@ -75,7 +75,7 @@ def test_graphs_capture_batch_sizes_on_first_use(tiny_model):
         if graph:
             assert sorted(e.graphs.graphs) == [1, 4]
         sched = Scheduler(e, set(), 4, 2048, prefix_cache=False)
-        seqs = [Sequence(list(p), SamplingParams(max_tokens=8 + 4 * i)) for i, p in enumerate(prompts)]
+        seqs = [Sequence(p, SamplingParams(max_tokens=8 + 4 * i)) for i, p in enumerate(prompts)]
         for s in seqs:
             sched.add(s)
         while sched.busy:

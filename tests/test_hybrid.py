@@ -43,7 +43,7 @@ def test_every_policy_gives_the_tokens_of_transformers(tiny_model, arch, layers,
 
 
 def run(sched, tokens, n=8, forced=()):
-    seq = Sequence(list(tokens), SamplingParams(max_tokens=n, forced=tuple(forced)))
+    seq = Sequence(tokens, SamplingParams(max_tokens=n, forced=tuple(forced)))
     sched.add(seq)
     while not seq.finish:
         sched.step()
@@ -55,7 +55,7 @@ def test_batched_decode_equals_one_at_a_time(tiny_model):
     prompts = [words(30, 4), words(9, 5), words(45, 6)]
     solo = [run(Scheduler(e, set(), 1, 16, prefix_cache=False), p, 12).output for p in prompts]
     sched = Scheduler(e, set(), 3, 16, prefix_cache=False)
-    seqs = [Sequence(list(p), SamplingParams(max_tokens=12)) for p in prompts]
+    seqs = [Sequence(p, SamplingParams(max_tokens=12)) for p in prompts]
     for s in seqs:
         sched.add(s)
     while not all(s.finish for s in seqs):
@@ -73,7 +73,7 @@ def test_preempted_sequences_resume_with_their_state(tiny_model, checkpoints):
     prompts = [words(45, s) for s in (7, 8, 9)]
     alone = [run(Scheduler(e, set(), 1, 32, prefix_cache=False), p, 40).output for p in prompts]
     sched = Scheduler(e, set(), 3, 32)
-    seqs = [Sequence(list(p), SamplingParams(max_tokens=40)) for p in prompts]
+    seqs = [Sequence(p, SamplingParams(max_tokens=40)) for p in prompts]
     for s in seqs:
         sched.add(s)
     while not all(s.finish for s in seqs):

@@ -41,11 +41,18 @@ def test_referenced_pages_are_not_evicted():
 
 
 def run(sched, tokens, n=6):
-    seq = Sequence(list(tokens), SamplingParams(max_tokens=n))
+    seq = Sequence(tokens, SamplingParams(max_tokens=n))
     sched.add(seq)
     while not seq.finish:
         sched.step()
     return seq
+
+
+def test_a_sequence_leaves_its_callers_prompt_alone():
+    prompt = [5, 6, 7]
+    seq = Sequence(prompt, SamplingParams(max_tokens=2))
+    seq.tokens.append(8)
+    assert prompt == [5, 6, 7] and seq.n_prompt == 3
 
 
 def test_second_turn_reuses_prefix_and_side_request_keeps_it(tiny_model):
@@ -72,7 +79,7 @@ def test_shared_pool_preempts_newest_and_every_request_ends(tiny_model):
     prompts = [torch.randint(0, 256, (90,), generator=g).tolist() for _ in range(3)]
     alone = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=40).output for p in prompts]
     sched = Scheduler(e, set(), 3, 64)
-    seqs = [Sequence(list(p), SamplingParams(max_tokens=40)) for p in prompts]
+    seqs = [Sequence(p, SamplingParams(max_tokens=40)) for p in prompts]
     for s in seqs:
         sched.add(s)
     while any(not s.finish for s in seqs):

@@ -84,7 +84,7 @@ def session(v: Vocab, s: Shape) -> list[tuple[list[int], list[int]]]:
 
 def replay_turn(runner: ModelRunner, sched: Scheduler, prompt: list[int], answer: list[int]) -> tuple[float, int]:
     """-> (time to the first answer token, prompt tokens reused)."""
-    seq = Sequence(list(prompt), SamplingParams(max_tokens=len(answer), forced=tuple(answer), ignore_eos=True))
+    seq = Sequence(prompt, SamplingParams(max_tokens=len(answer), forced=tuple(answer), ignore_eos=True))
     ttft = first_token(runner, sched, seq)
     while not seq.finish:
         sched.step()

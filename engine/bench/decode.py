@@ -43,10 +43,10 @@ def decode_once(sched: Scheduler, prompts: list[list[int]], tokens: int, prof=No
         raise RuntimeError("the bench's prompts did not fit the KV pool: pages were not given back")
 
     for p in prompts:
-        seq = Sequence(list(p), SamplingParams(max_tokens=1, ignore_eos=True))
+        seq = Sequence(p, SamplingParams(max_tokens=1, ignore_eos=True))
         sched.add(seq)
         until(lambda: seq.finish)
-    seqs = [Sequence(list(p), SamplingParams(max_tokens=1 << 30, ignore_eos=True)) for p in prompts]
+    seqs = [Sequence(p, SamplingParams(max_tokens=1 << 30, ignore_eos=True)) for p in prompts]
     for seq in seqs:
         sched.add(seq)
     until(lambda: all(seq.output for seq in seqs))

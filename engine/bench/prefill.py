@@ -16,7 +16,7 @@ from engine.scheduler import Scheduler, Sequence
 
 
 def ttft(runner: ModelRunner, sched: Scheduler, prompt: list[int]) -> float:
-    return first_token(runner, sched, Sequence(list(prompt), SamplingParams(max_tokens=1, ignore_eos=True)))
+    return first_token(runner, sched, Sequence(prompt, SamplingParams(max_tokens=1, ignore_eos=True)))
 
 
 def first_token(runner: ModelRunner, sched: Scheduler, seq: Sequence) -> float:
