@@ -240,8 +240,10 @@ def agent(model: Optional[str] = ModelArg,
     rows: list[dict] = []
 
     def say(r: dict) -> None:
-        typer.echo(f"turn {r['turn']}: {r['prompt_tokens']} tokens, TTFT {r['ttft_on_s']:.3f} s "
-                   f"(reused {r['reused_on']}) vs {r['ttft_off_s']:.3f} s (reused {r['reused_off']})", err=True)
+        typer.echo(f"turn {r['turn']}: {r['prompt_tokens']} tokens, TTFT {r['ttft_s_on']:.3f} s (reused "
+                   f"{r['reused_on']}; moved {r['moved_gib_on']:.2f} GiB, CPU {r['cpu_gib_on']:.2f} GiB, streamed "
+                   f"{r['streamed_on']}) vs {r['ttft_s_off']:.3f} s (reused {r['reused_off']}; moved "
+                   f"{r['moved_gib_off']:.2f} GiB, CPU {r['cpu_gib_off']:.2f} GiB, streamed {r['streamed_off']})", err=True)
         rows.append(r)
         if out:
             out.write_text(json.dumps({"rows": rows}, indent=1))
@@ -255,8 +257,8 @@ def agent(model: Optional[str] = ModelArg,
     for col in ("turn", "prompt tokens", "reused (on)", "TTFT on s", "reused (off)", "TTFT off s", "off / on"):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(str(r["turn"]), str(r["prompt_tokens"]), str(r["reused_on"]), f"{r['ttft_on_s']:.3f}",
-                  str(r["reused_off"]), f"{r['ttft_off_s']:.3f}", f"{r['ttft_off_s'] / r['ttft_on_s']:.2f}x")
+        t.add_row(str(r["turn"]), str(r["prompt_tokens"]), str(r["reused_on"]), f"{r['ttft_s_on']:.3f}",
+                  str(r["reused_off"]), f"{r['ttft_s_off']:.3f}", f"{r['ttft_s_off'] / r['ttft_s_on']:.2f}x")
     Console(width=max(120, Console().width)).print(t)
 
 

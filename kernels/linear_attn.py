@@ -35,9 +35,11 @@ def chunked(q, k, v, g, beta, state):
     fla = _use_fla(v)
     if fla is None:
         return ref.gated_delta_chunked(q, k, v, g, beta, state)
-    q, k = _heads(q, k, v)
-    o, s = fla[0](q[None], k[None], v[None], g[None].float(), beta[None].to(v.dtype),
-                  initial_state=state[None].float(), output_final_state=True, use_qk_l2norm_in_kernel=True)
+    # q and k normalized here, not in FLA: its normalization kernel is autotuned afresh for every
+    # 65,536 rows of prompt length it meets (seconds each time)
+    q, k = _heads(*(ref._l2norm(t.float()).to(v.dtype) for t in (q, k)), v)
+    o, s = fla[0](q[None], k[None], v[None], g=g[None].float(), beta=beta[None].to(v.dtype),
+                  initial_state=state[None].float(), output_final_state=True)
     return o[0], s[0]
 
 
@@ -46,7 +48,7 @@ def step(q, k, v, g, beta, state):
     if fla is None:
         return ref.gated_delta_step(q, k, v, g, beta, state)
     q, k = _heads(q, k, v)  # B sequences of one token: [B, 1, H, D]
-    o, s = fla[1](q[:, None], k[:, None], v[:, None], g[:, None].float(), beta[:, None].to(v.dtype),
+    o, s = fla[1](q[:, None], k[:, None], v[:, None], g=g[:, None].float(), beta=beta[:, None].to(v.dtype),
                   initial_state=state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True)
     return o[:, 0], s
 

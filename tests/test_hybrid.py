@@ -52,6 +52,7 @@ def run(sched, tokens, n=8, forced=()):
 
 def test_batched_decode_equals_one_at_a_time(tiny_model):
     e = load(tiny_model("qwen3_next")[2], max_running=3)
+    free = len(e.states.free)  # (on CUDA the decode graphs hold a scratch slot)
     prompts = [words(30, 4), words(9, 5), words(45, 6)]
     solo = [run(Scheduler(e, set(), 1, 16, prefix_cache=False), p, 12).output for p in prompts]
     sched = Scheduler(e, set(), 3, 16, prefix_cache=False)
@@ -61,7 +62,7 @@ def test_batched_decode_equals_one_at_a_time(tiny_model):
     while not all(s.finish for s in seqs):
         sched.step()
     assert [s.output for s in seqs] == solo
-    assert len(e.states.free) == 4  # every slot back
+    assert len(e.states.free) == free  # every slot back
 
 
 @pytest.mark.parametrize("checkpoints", [16, 0], ids=["resume-from-checkpoint", "re-prefill"])
@@ -70,6 +71,7 @@ def test_preempted_sequences_resume_with_their_state(tiny_model, checkpoints):
     preempted, give their state slot back and resume from a checkpoint taken where they stopped
     (without a checkpoint pool: by prefilling again); each answer equals its run alone."""
     e = load(tiny_model("qwen3_next")[2], kv_tokens=128, max_running=3, state_checkpoints=checkpoints)
+    free = len(e.states.free)
     prompts = [words(45, s) for s in (7, 8, 9)]
     alone = [run(Scheduler(e, set(), 1, 32, prefix_cache=False), p, 40).output for p in prompts]
     sched = Scheduler(e, set(), 3, 32)
@@ -79,7 +81,7 @@ def test_preempted_sequences_resume_with_their_state(tiny_model, checkpoints):
     while not all(s.finish for s in seqs):
         sched.step()
     assert [s.output for s in seqs] == alone
-    assert sched.totals["preempted"] > 0 and len(e.states.free) == 4   # every slot back
+    assert sched.totals["preempted"] > 0 and len(e.states.free) == free   # every slot back
     assert (sched.prefix.restored > 0) == bool(checkpoints)
 
 
@@ -164,6 +166,7 @@ def test_a_follow_up_resumes_at_the_end_of_the_prompt_before_it(agent):
 
 def test_pool_is_bounded_and_evicts_least_recently_used(tiny_model):
     e = load(tiny_model("qwen3_next")[2], kv_tokens=1024, state_checkpoints=2)
+    base = e.kv.used  # (on CUDA the decode graphs hold a scratch page)
     sched = Scheduler(e, set(), 1, 32, anchors=ANCHORS)
     a = turn(11, 20, 1) + turn(12, 20, 2) + turn(12, 20, 4) + [IM_START, 13, NL]   # anchors 22, 46, 70
     run(sched, a, 1, [30])
@@ -177,4 +180,4 @@ def test_pool_is_bounded_and_evicts_least_recently_used(tiny_model):
     assert restored_logits(sched, b + [5])[1] == 46
     sched.prefix.evict(10**6)                                                   # dropping the tree drops its checkpoints
     assert not sched.prefix.lru and len(sched.prefix.free_slots) == 2
-    assert used > 0 and e.kv.used == 0                                          # and releases their tail pages
+    assert used > base and e.kv.used == base                                    # and releases their tail pages

@@ -76,12 +76,26 @@ def perturb_(model: torch.nn.Module, seed: int = 0) -> None:
                 p.add_(torch.randn(p.shape, generator=g) * 0.1)
 
 
+def torch_delta_rule() -> None:
+    """Where flash-linear-attention imports, transformers runs its (CUDA-only) kernels for the
+    Gated DeltaNet layers; the reference runs on the CPU, so it gets transformers' own torch
+    functions back (the undecorated ones)."""
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+    from transformers.models.qwen3_next import modeling_qwen3_next
+    for module in (modeling_qwen3_next, modeling_qwen3_5_moe):
+        for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+            fn = getattr(module, name)
+            setattr(module, name, getattr(fn, "__wrapped__", fn))
+
+
 def build(arch: str, out: Path, fused: bool = False, seed: int = 0, **kw):
     """Save a tiny random `arch` model to `out`; returns the transformers model (fp32, eval)."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
     cfg = hf_config(arch, **kw)
     cfg.eos_token_id = None
+    if arch in ("qwen3_next", "qwen3_5_moe"):
+        torch_delta_rule()
     if arch == "qwen3_5_moe":
         from transformers import Qwen3_5MoeForConditionalGeneration
         model = Qwen3_5MoeForConditionalGeneration._from_config(cfg, dtype=torch.float32).eval()

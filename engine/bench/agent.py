@@ -4,7 +4,7 @@ turns on one model. The session is a coding agent's: a system prompt, user queri
 answered by a loop of thinking + tool call, then the tool's response; the history is re-rendered
 every turn the way Qwen templates and agent clients edit it (earlier thinking dropped at a new
 query; old tool results cleared every `clear_every` turns). Each turn's answer is forced, so
-both runs see the same tokens. Rows: per turn, prompt tokens, tokens reused and TTFT per mode."""
+both runs see the same tokens. Rows: per turn, prompt tokens, and per mode tokens reused, TTFT and what the prefill moved."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,13 +82,17 @@ def session(v: Vocab, s: Shape) -> list[tuple[list[int], list[int]]]:
     return turns
 
 
-def replay_turn(runner: ModelRunner, sched: Scheduler, prompt: list[int], answer: list[int]) -> tuple[float, int]:
-    """-> (time to the first answer token, prompt tokens reused)."""
+def replay_turn(runner: ModelRunner, sched: Scheduler, prompt: list[int], answer: list[int]) -> dict:
+    """-> the time to the first answer token, prompt tokens reused, and what the prompt's prefill
+    moved: expert GiB over the link, GiB the CPU read for its routes, layers streamed whole."""
     seq = Sequence(prompt, SamplingParams(max_tokens=len(answer), forced=tuple(answer), ignore_eos=True))
+    before = runner.runtime.cache.stats
     ttft = first_token(runner, sched, seq)
+    d = runner.runtime.cache.stats - before
     while not seq.finish:
         sched.step()
-    return ttft, seq.cached
+    return {"ttft_s": ttft, "reused": seq.cached, "moved_gib": d.bytes_filled / 2**30,
+            "cpu_gib": d.bytes_cpu / 2**30, "streamed": d.stream_layers}
 
 
 def run(runner: ModelRunner, shape: Shape, say=lambda row: None) -> list[dict]:
@@ -101,7 +105,7 @@ def run(runner: ModelRunner, shape: Shape, say=lambda row: None) -> list[dict]:
     for i, (prompt, answer) in enumerate(session(v, shape)):
         row = {"turn": i + 1, "prompt_tokens": len(prompt), "reuse": "state checkpoints" if hybrid else "prefix cache"}
         for mode, sched in modes.items():
-            row[f"ttft_{mode}_s"], row[f"reused_{mode}"] = replay_turn(runner, sched, prompt, answer)
+            row.update({f"{k}_{mode}": v for k, v in replay_turn(runner, sched, prompt, answer).items()})
         rows.append(row)
         say(row)
     return rows
