@@ -1,5 +1,5 @@
-"""Prefill routed-expert FFN over quantized slots (Triton): kernels.ref.moe_experts for many
-routes, as grouped GEMMs over the routes sorted by slot.
+"""Prefill routed-expert FFN over the slots (Triton): kernels.ref.moe_experts for many routes,
+as grouped GEMMs over the routes sorted by slot, for quantized and plain experts alike.
 
 A program takes up to BLOCK_M routes of one slot and a block of output rows, dequantizes the
 weight tiles in registers exactly as QWeight.dequant does, rounds them to x's dtype (the
@@ -42,8 +42,13 @@ def _w_tile(q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, FMT: tl.c
             BN: tl.constexpr, BK: tl.constexpr, GK: tl.constexpr, BLOCK_K: tl.constexpr,
             EVEN_K: tl.constexpr):
     """W[rows, k0:k0 + BLOCK_K] float32, as QWeight.dequant computes it, from one slot's parts
-    (uint8 codes; GK divides the quantization block BK; a scale row per BN rows)."""
+    (uint8 codes; GK divides the quantization block BK; a scale row per BN rows); FMT "plain":
+    q is the weight itself (bf16, fp16 or fp32)."""
     R: tl.constexpr = rows.shape[0]
+    if FMT == "plain":
+        offs = k0 + tl.arange(0, BLOCK_K)
+        m = mr[:, None] if EVEN_K else mr[:, None] & (offs < Kdim)[None, :]
+        return tl.load(q_ptr + rows[:, None] * sq_r + offs[None, :], mask=m, other=0.0).to(tl.float32)
     PACK: tl.constexpr = 2 if FMT == "int4" or FMT == "mxfp4" else 1
     offs = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
     m = mr[:, None] if EVEN_K else mr[:, None] & (offs < Kdim // PACK)[None, :]
@@ -150,9 +155,12 @@ def bias_args(bias: ExpertBias | None, x: torch.Tensor) -> tuple[tuple, tuple]:
     return tuple((b, b.stride(0)) for b in bias)
 
 
-def _parts(w: QWeight, block_k: int) -> tuple[tuple, dict]:
+def _parts(w: QWeight | torch.Tensor, block_k: int) -> tuple[tuple, dict]:
     """A QWeight's kernel arguments: parts (q as a stand-in for an absent z) with their (slot,
-    row) strides, and its format constexprs."""
+    row) strides, and its format constexprs; a plain weight stands in for all three parts."""
+    if not isinstance(w, QWeight):
+        assert w.stride(2) == 1
+        return (w, w, w, w.stride(0), w.stride(1), 0, 0, 0, 0), dict(FMT="plain", BN=1, BK=block_k, GK=block_k)
     q, s, z = w.q, w.s, w.q if w.z is None else w.z
     assert q.stride(2) == 1 and s.stride(2) == 1 and z.stride(2) == 1
     bn, bk = w.block
@@ -174,10 +182,10 @@ def _tiles(slots: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tenso
     return order, torch.tensor(tiles, dtype=torch.int32, device=slots.device).view(-1, 3)
 
 
-def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight, w_down: QWeight, slots: torch.Tensor,
+def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight | torch.Tensor, w_down: QWeight | torch.Tensor, slots: torch.Tensor,
                      weights: torch.Tensor, act: ExpertAct = SILU, bias: ExpertBias | None = None,
                      blocks: tuple[int, int, int, int, int] = (64, 64, 64, 64, 64)) -> torch.Tensor:
-    """ref.moe_experts for QWeight experts: x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I];
+    """ref.moe_experts: x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I] (QWeights or tensors);
     slots [T, K] (-1 = elsewhere); weights [T, K]; act and bias as the reference takes them ->
     [T, H] float32. blocks = (BLOCK_M, BLOCK_N, BLOCK_K of A, BLOCK_N, BLOCK_K of B)."""
     T, H = x.shape

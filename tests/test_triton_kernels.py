@@ -197,7 +197,16 @@ def test_moe_experts_quantized_decode_shape_gpu(fmt, symmetric, scale_dtype):
            torch.float32)
 
 
-@pytest.mark.parametrize("fmt,symmetric", QUANT)
+def _experts(fmt, S, H, I, group, symmetric, pooled, gen, dtype=torch.float16):
+    """(weights as the kernels take them, their fp32 values on the CPU): quantized as _qexperts,
+    or plain `dtype` views of a slot pool."""
+    if fmt == "plain":
+        w = _pool_views(S, H, I, dtype, gen)
+        return w, tuple(t.float().cpu() for t in w)
+    return _qexperts(fmt, S, H, I, group, symmetric, dtype, pooled, gen)
+
+
+@pytest.mark.parametrize("fmt,symmetric", QUANT + [("plain", True)])
 @pytest.mark.parametrize("xdt,blocks,pooled", [(torch.float32, (16, 16, 64, 32, 16), True),
                                                (torch.float16, (32, 32, 32, 16, 64), False)])
 def test_moe_experts_gemm_matches_ref(fmt, symmetric, xdt, blocks, pooled):
@@ -206,7 +215,7 @@ def test_moe_experts_gemm_matches_ref(fmt, symmetric, xdt, blocks, pooled):
     _need(xdt)
     gen = torch.Generator().manual_seed(8)
     T, K, H, I, S = 24, 4, 96, 64, 5
-    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 32, symmetric, torch.float16, pooled, gen)
+    (wgu, wd), (dgu, dd) = _experts(fmt, S, H, I, 32, symmetric, pooled, gen)
     x = torch.randn(T, H, generator=gen).to(xdt)
     slots = torch.randint(-1, S, (T, K), generator=gen)
     w = torch.rand(T, K, generator=gen)
@@ -221,11 +230,11 @@ def test_moe_experts_gemm_matches_ref(fmt, symmetric, xdt, blocks, pooled):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt,symmetric", QUANT)
+@pytest.mark.parametrize("fmt,symmetric", QUANT + [("plain", True)])
 def test_moe_experts_gemm_prefill_shape_gpu(fmt, symmetric):
     gen = torch.Generator().manual_seed(9)
     T, K, H, I, S = 512, 8, 2048, 768, 16
-    (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 128, symmetric, torch.bfloat16, True, gen)
+    (wgu, wd), (dgu, dd) = _experts(fmt, S, H, I, 128, symmetric, True, gen, torch.bfloat16)
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
     slots = torch.randint(-1, S, (T, K), generator=gen)
     w = torch.rand(T, K, generator=gen)
@@ -245,7 +254,7 @@ def _biases(S, H, I, gen):
 
 
 @pytest.mark.parametrize("kernel,fmt", [("gemv", "plain"), ("gemv", "mxfp4"), ("gemv", "int4"),
-                                        ("gemm", "mxfp4"), ("gemm", "int4")])  # GEMMs: quantized only
+                                        ("gemm", "plain"), ("gemm", "mxfp4"), ("gemm", "int4")])
 def test_moe_experts_biases_and_clamped_swiglu_match_ref(kernel, fmt):
     """gpt-oss's expert options in the decode GEMVs and the prefill grouped GEMMs: biases on
     gate_up and down, and the clamped activation with (up + 1); dead and shared routes."""
@@ -273,7 +282,7 @@ def test_moe_experts_biases_and_clamped_swiglu_match_ref(kernel, fmt):
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
 def test_moe_experts_gpt_oss_shape_gpu(fmt):
     """gpt-oss-120b's experts (H = I = 2880, not a multiple of the GEMV tiles) with biases and the
-    clamped SwiGLU, bf16 x: the decode GEMVs and, for MXFP4, the prefill grouped GEMMs."""
+    clamped SwiGLU, bf16 x: the decode GEMVs and the prefill grouped GEMMs."""
     gen = torch.Generator().manual_seed(14)
     K, H, I, S = 4, 2880, 2880, 6
     act = ref.ExpertAct(alpha=1.702, limit=7.0, shift=1.0)
@@ -284,7 +293,7 @@ def test_moe_experts_gpt_oss_shape_gpu(fmt):
         (wgu, wd), (dgu, dd) = _qexperts(fmt, S, H, I, 32, True, torch.float16, True, gen)
         dgu, dd = dgu.to(DEV).double(), dd.to(DEV).double()
     bias = _biases(S, H, I, gen)
-    for T in (4, 128) if fmt == "mxfp4" else (4,):  # 128 tokens: the grouped GEMMs
+    for T in (4, 128):  # 128 tokens: the grouped GEMMs
         x = (torch.randn(T, H, generator=gen) * 4).to(torch.bfloat16).to(DEV)
         slots = torch.randint(-1, S, (T, K), generator=gen).to(DEV)
         w = torch.rand(T, K, generator=gen).to(DEV)

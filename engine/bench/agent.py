@@ -7,7 +7,7 @@ query; old tool results cleared every `clear_every` turns). Each turn's answer i
 both runs see the same tokens. Rows: per turn, prompt tokens, and per mode tokens reused, TTFT and what the prefill moved."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -86,7 +86,7 @@ def replay_turn(runner: ModelRunner, sched: Scheduler, prompt: list[int], answer
     """-> the time to the first answer token, prompt tokens reused, and what the prompt's prefill
     moved: expert GiB over the link, GiB the CPU read for its routes, layers streamed whole."""
     seq = Sequence(prompt, SamplingParams(max_tokens=len(answer), forced=tuple(answer), ignore_eos=True))
-    before = runner.runtime.cache.stats
+    before = replace(runner.runtime.cache.stats)  # a copy: record() counts in place
     ttft = first_token(runner, sched, seq)
     d = runner.runtime.cache.stats - before
     while not seq.finish:
