@@ -28,6 +28,10 @@ class DecodeGraphs:
         i64 = dict(dtype=torch.int64, device=dev)
         self.ids, self.pos, self.slots = (torch.empty(n, **i64) for _ in range(3))
         self.table = torch.empty((n, max_pages), dtype=torch.int32, device=dev)
+        self.sliding = kv.sliding  # its dummy page is the sliding layers' scratch page
+        if self.sliding:
+            self.sliding_table = torch.empty_like(self.table)
+            self.sliding_slots = torch.empty(n, **i64)
         self.ctx = torch.empty(n, dtype=torch.int32, device=dev)
         self.state_slots = torch.empty(n, **i64) if states else None
         self.rows = torch.arange(n, **i64)
@@ -74,14 +78,18 @@ class DecodeGraphs:
         self.pos.zero_()
         self.slots.fill_(self.page * self.kv.page_size)
         self.table.fill_(self.page)
+        if self.sliding:
+            self.sliding_table.fill_(self.sliding.dummy)
+            self.sliding_slots.fill_(self.sliding.dummy * self.kv.page_size)
         self.ctx.fill_(1)
         if self.states:
             self.state_slots.fill_(self.state_scratch)
 
     def _forward(self, b: int) -> torch.Tensor:
         slots = self.state_slots[:b] if self.states else None
+        sliding = (self.sliding_table[:b], self.sliding_slots[:b]) if self.sliding else (None, None)
         batch = ForwardBatch(self.ids[:b], self.pos[:b], [1] * b, [1] * b, self.ctx[:b], self.table[:b],
-                             self.slots[:b], self.rows[:b], slots)
+                             self.slots[:b], self.rows[:b], slots, (), *sliding)
         return self.model(batch, self.kv)
 
     def release(self) -> None:
@@ -103,6 +111,9 @@ class DecodeGraphs:
         self.slots[:b].copy_(batch.slots)
         self.ctx[:b].copy_(batch.ctx_lens_t)
         self.table[:b, :width].copy_(batch.page_table)
+        if self.sliding:
+            self.sliding_table[:b, :width].copy_(batch.sliding_table)
+            self.sliding_slots[:b].copy_(batch.sliding_slots)
         if self.states:
             self.state_slots[:b].copy_(batch.state_slots)
         self.graphs[b].replay()

@@ -98,6 +98,8 @@ class LLM:
                 "q_star": agg["q_star"], "cache_occupancy": agg["occupancy"], "cache_slots": agg["slots"],
                 "world_size": len(reports), "ranks": ranks, "kv_pages_used": self.runner.kv.used,
                 "kv_pages_total": self.runner.kv.n_pages,
+                **({"kv_sliding_pages_used": sl.used, "kv_sliding_pages_total": sl.n_pages}
+                   if (sl := self.runner.kv.sliding) else {}),
                 "prefix_hit_tokens": self.scheduler.prefix.hit_tokens if self.scheduler.prefix else 0,
                 "prefix_cached_pages": self.scheduler.prefix.pages if self.scheduler.prefix else 0,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),

@@ -12,7 +12,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import UserError
-from engine.kv.paged import KVPool
+from engine.kv.paged import KVPool, SlidingPool
 from engine.kv.state import StatePool
 from engine.layers.rope import Rope
 from engine.models import model_config
@@ -171,6 +171,8 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     kv_tokens = config.kv_tokens or max_context
     kv = KVPool(len(cfg.attention_layer_ids), -(-kv_tokens // config.page_size) + config.max_running,
                 config.page_size, *cfg.kv_row, dtype, device, values=cfg.mla is None)
+    if cfg.sliding_layer_ids:
+        kv.sliding = sliding_pool(cfg, config, kv.n_pages, dtype, device)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
     if cfg.linear_layer_ids:  # one slot per running sequence and one for the graphs' capture
         runner.states = StatePool(cfg, config.max_running + 1, config.state_checkpoints, dtype, device)
@@ -181,6 +183,16 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
     runner.timings = clock.seconds
     return runner
+
+
+def sliding_pool(cfg: ModelConfig, config: EngineConfig, full_pages: int, dtype: torch.dtype,
+                 device: torch.device) -> SlidingPool:
+    """The sliding layers' pool: a window for each running sequence (and one more for the one in a
+    prefill chunk), twice that for the prefix cache's windows (a turn's end and its prompt's end),
+    never more pages than the main pool has, and the pool's own dummy page."""
+    w, ps = cfg.sliding_window, config.page_size
+    pages = min(full_pages, (3 * config.max_running + 1) * SlidingPool.held(w, ps)) + 1
+    return SlidingPool(w, len(cfg.sliding_layer_ids), pages, ps, *cfg.kv_row, dtype, device)
 
 
 def free_memory(device: torch.device) -> int:
@@ -268,17 +280,19 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
 def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
     """Device memory an auto expert budget leaves free: 1 GiB, an eighth of the KV pool and the
     room a prefill chunk works in."""
-    room = 2 * prefill_bytes(prefill_chunk or 2048, runner.cfg, runner.max_context, runner.kv.k.dtype)
-    return GiB + runner.kv.bytes // 8 + room
+    kv = runner.kv
+    room = 2 * prefill_bytes(prefill_chunk or 2048, runner.cfg, runner.max_context, kv.k.dtype)
+    return GiB + (kv.bytes + (kv.sliding.bytes if kv.sliding else 0)) // 8 + room
 
 
 def warm_prefill(runner: ModelRunner) -> None:
     """One short prefill on dummy tokens, so that the first request does not pay the first use
     of the prefill path (its cuBLAS shapes, lazily loaded kernels, the eager plan's and experts'
-    torch ops): long enough to scan like a long prompt, its KV written to one scratch page (and
-    a hybrid model's recurrent state to a scratch slot), the model's own routing (a replayed trace
-    keeps its place). The expert cache's counters and the streamer's compute estimate are reset
-    after it; the tables it filled are emptied by the capture that follows."""
+    torch ops): long enough to scan like a long prompt, its KV written to one scratch page (the
+    sliding layers' to their pool's dummy page, and a hybrid model's recurrent state to a scratch
+    slot), the model's own routing (a replayed trace keeps its place). The expert cache's counters
+    and the streamer's compute estimate are reset after it; the tables it filled are emptied by
+    the capture that follows."""
     from engine.kv.batch import ForwardBatch
     from engine.moe.prefill import LayerStreamer
     from engine.moe.runtime import SHORT_ROUTES_PER_EXPERT
@@ -287,11 +301,13 @@ def warm_prefill(runner: ModelRunner) -> None:
     page, ps = kv.alloc(1)[0], kv.page_size
     slot = states.alloc() if states else None
     t = dict(device=runner.device)
+
+    def scratch(p: int):  # (page table, slots) of the T tokens, all in page p
+        return torch.full((1, -(-T // ps)), p, dtype=torch.int32, **t), p * ps + torch.arange(T, **t) % ps
     batch = ForwardBatch(torch.zeros(T, dtype=torch.int64, **t), torch.arange(T, **t), [T], [T],
-                         torch.tensor([T], dtype=torch.int32, **t),
-                         torch.full((1, -(-T // ps)), page, dtype=torch.int32, **t),
-                         page * ps + torch.arange(T, **t) % ps, torch.tensor([T - 1], **t),
-                         None if slot is None else torch.tensor([slot], **t))
+                         torch.tensor([T], dtype=torch.int32, **t), *scratch(page), torch.tensor([T - 1], **t),
+                         None if slot is None else torch.tensor([slot], **t), (),
+                         *(scratch(kv.sliding.dummy) if kv.sliding else (None, None)))
     routing, rt.routing = rt.routing, None
     try:
         runner.model(batch, kv)

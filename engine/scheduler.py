@@ -14,6 +14,11 @@ of a sequence it has yet to prefill (its end counts as one), and the anchors of 
 tokens after the sequence's previous checkpoint). A preempted sequence gives its slot back and
 is checkpointed where it stopped, to resume from there.
 
+Models with sliding-window layers (gpt-oss) give back those layers' pages behind each sequence's
+window after every step (engine.kv.paged.SlidingPool); the prefix cache keeps the window at each
+prompt's end and where a sequence stops (engine.kv.windows), and a request resumes at the deepest
+kept window its prompt continues.
+
 Between two steps is a safe point: work that changes what a step runs on (resizing the expert
 cache) waits for it, from any thread."""
 from __future__ import annotations
@@ -31,6 +36,7 @@ from engine.kv.anchors import GAP, Anchors
 from engine.kv.batch import ForwardBatch
 from engine.kv.checkpoints import HybridPrefixCache
 from engine.kv.radix import RadixCache
+from engine.kv.windows import SlidingPrefixCache
 from engine.sampling import generator, sample_row
 
 _ids = itertools.count()
@@ -45,6 +51,7 @@ class Sequence:
     n_cached: int = 0                    # tokens whose KV is written
     cached: int = 0                      # prompt tokens reused from the prefix cache
     pages: list[int] = field(default_factory=list)
+    sliding: list[int] = field(default_factory=list)  # its pages in the sliding layers' pool, by the same index
     state: int = -1                      # recurrent-state slot (hybrid models)
     anchors: list[int] = field(default_factory=list)  # positions to checkpoint while prefilling
     checkpointed: int = 0                # the position of the last checkpoint taken
@@ -72,10 +79,10 @@ class Scheduler:
     def __init__(self, runner, eos_ids: set[int], max_running: int, prefill_chunk: int,
                  prefix_cache: bool = True, grammars: Grammars | None = None, anchors: Anchors | None = None):
         self.runner, self.kv, self.eos, self.grammars = runner, runner.kv, eos_ids, grammars
-        self.states = runner.states
+        self.states, self.sliding = runner.states, self.kv.sliding
         self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, runner.max_context
-        self.prefix = None if not prefix_cache else \
-            HybridPrefixCache(self.kv, self.states) if self.states else RadixCache(self.kv)
+        self.prefix = None if not prefix_cache else HybridPrefixCache(self.kv, self.states) if self.states \
+            else SlidingPrefixCache(self.kv) if self.sliding else RadixCache(self.kv)
         self.anchors = anchors if self.states and self.prefix and self.states.n_saved else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -140,18 +147,25 @@ class Scheduler:
             self.running.append(seq)
 
     def _reuse(self, seq: Sequence) -> tuple[list[int], int]:
-        """KV pages of the cached prefix and its length; hybrid models restore a state checkpoint."""
+        """KV pages of the cached prefix and its length; hybrid models restore a state checkpoint,
+        models with sliding layers take the pages of its window too (seq.sliding)."""
         if self.prefix is None:
             return [], 0
         if self.states:
             return self.prefix.restore(seq.tokens, seq.state)
-        pages = self.prefix.match(seq.tokens)
+        if self.sliding:
+            pages, seq.sliding = self.prefix.resume(seq.tokens)
+        else:
+            pages = self.prefix.match(seq.tokens)
         return pages, len(pages) * self.kv.page_size
 
     def _short(self, seq: Sequence) -> bool:
         """True if the pool (with what the prefix cache could give back) lacks the pages of the
         sequence's first chunk."""
         first = min(len(seq.tokens), self.chunk) + 1
+        if self.sliding and self.sliding.wanted([], first) > len(self.sliding.free) + \
+                (self.prefix.evictable_windows() if self.prefix else 0):
+            return True
         return -(-first // self.kv.page_size) > len(self.kv.free) + (self.prefix.evictable() if self.prefix else 0)
 
     def _plan(self) -> list[tuple[Sequence, int]]:
@@ -165,9 +179,11 @@ class Scheduler:
     def _reserve(self, seq: Sequence, n: int) -> bool:
         """Pages for n more tokens of seq, preempting newer sequences if needed; False if even
         that is not enough (seq is then preempted itself)."""
-        need = -(-(seq.n_cached + n) // self.kv.page_size) - len(seq.pages)
-        while need > len(self.kv.free):
-            if self.prefix and self.prefix.evict(need - len(self.kv.free)):
+        end = seq.n_cached + n
+        need = -(-end // self.kv.page_size) - len(seq.pages)
+        sliding = self.sliding.wanted(seq.sliding, end) if self.sliding else 0
+        while need > len(self.kv.free) or (self.sliding and sliding > len(self.sliding.free)):
+            if self.prefix and self.prefix.make_room(need, sliding):
                 continue
             newer = self.running[self.running.index(seq) + 1:]
             if not newer:
@@ -176,6 +192,8 @@ class Scheduler:
             self._preempt(newer[-1])
         if need > 0:
             seq.pages += self.kv.alloc(need)
+        if self.sliding:
+            self.sliding.grow(seq.sliding, end)
         return True
 
     def _preempt(self, s: Sequence) -> None:
@@ -205,12 +223,15 @@ class Scheduler:
         inside, ends = self._snapshots(plan)
         batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.pages) for s, n in plan],
                                    self.kv.page_size, self.runner.device,
-                                   states=[s.state for s, _ in plan] if self.states else None, snapshots=inside)
+                                   states=[s.state for s, _ in plan] if self.states else None, snapshots=inside,
+                                   sliding=[s.sliding for s, _ in plan] if self.sliding else None)
         logits = self.runner.forward(batch, self.kv)
         self._attach([(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside], ends)
         out = []
         for (s, n), row in zip(plan, logits):
             s.n_cached += n
+            if self.sliding:
+                self._slide(s, n)
             if s.pending == 0:
                 forced = s.params.forced
                 if len(s.output) < len(forced):
@@ -226,6 +247,13 @@ class Scheduler:
                 self._check_finish(s, tok)
         self._account(plan, time.perf_counter() - t0)
         return out
+
+    def _slide(self, s: Sequence, n: int) -> None:
+        """After a step of n tokens of s: keep its prompt's window in the prefix cache if the step
+        reached the prompt's end, then give back its sliding pages behind the window."""
+        if self.prefix and s.n_cached - n < s.n_prompt <= s.n_cached:
+            self.prefix.keep(s.tokens[:s.n_prompt], s.pages, s.sliding)
+        self.sliding.slide(s.sliding, s.n_cached - n, s.n_cached)
 
     def _snapshots(self, plan: list[tuple[Sequence, int]]):
         """Prompt anchors this step reaches: (row, offset, slot) inside a sequence's new tokens,
@@ -285,11 +313,17 @@ class Scheduler:
         self._donate(s)
 
     def _donate(self, s: Sequence) -> None:
-        """Give the sequence's full pages to the prefix cache and release its own references."""
-        if self.prefix:
+        """Give the sequence's full pages (and its window) to the prefix cache and release its own
+        references."""
+        if self.prefix and self.sliding:
+            self.prefix.keep(s.tokens[:s.n_cached], s.pages, s.sliding)
+        elif self.prefix:
             self.prefix.insert(s.tokens[:s.n_cached], s.pages)
         self.kv.release(s.pages)
         s.pages = []
+        if self.sliding:
+            self.sliding.release(s.sliding)
+            s.sliding = []
         if s.state >= 0:
             self.states.release(s.state)
             s.state = -1

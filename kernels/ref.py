@@ -75,7 +75,8 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     page_table: torch.Tensor, q_lens: list[int], ctx_lens: list[int],
-                    scale: float, window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    scale: float, window: int | None = None, sinks: torch.Tensor | None = None,
+                    new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of new tokens over paged KV.
 
     q [T, Hq, D] (sequences' new tokens back to back); k_pool, v_pool [P, page, Hkv, D] already
@@ -83,15 +84,20 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     tokens, total tokens). The i-th new token of a sequence sits at position ctx - q_len + i.
     window: a query sees only the `window` latest positions up to its own (pages wholly before
     every query's window are never read); sinks [Hq]: a logit per head that joins each softmax's
-    denominator with no value (gpt-oss).
+    denominator with no value (gpt-oss); new: the new tokens' keys and values [T, Hkv, D], read
+    from these rather than from the pool, which then needs to hold only the keys before them (a
+    sliding layer's prefill chunk, whose pages behind the window of the chunk's end are not held).
     """
     page = k_pool.shape[1]
     out, start = [], 0
     for b, (ql, ctx) in enumerate(zip(q_lens, ctx_lens)):
         lo = max(0, ctx - ql - window + 1) // page * page if window else 0  # first key read
-        pages = page_table[b, lo // page:(ctx + page - 1) // page].long()
-        k = k_pool[pages].flatten(0, 1)[:ctx - lo].transpose(0, 1)  # [Hkv, ctx - lo, D]
-        v = v_pool[pages].flatten(0, 1)[:ctx - lo].transpose(0, 1)
+        end = ctx if new is None else ctx - ql                            # the last from the pool, + 1
+        pages = page_table[b, lo // page:(end + page - 1) // page].long()
+        k, v = (pool[pages].flatten(0, 1)[:end - lo] for pool in (k_pool, v_pool))
+        if new is not None:
+            k, v = (torch.cat((old, t[start:start + ql])) for old, t in zip((k, v), new))
+        k, v = k.transpose(0, 1), v.transpose(0, 1)                   # [Hkv, ctx - lo, D]
         qb = q[start:start + ql].transpose(0, 1)                      # [Hq, ql, D]
         start += ql
         mask = None

@@ -96,12 +96,17 @@ def prefill_logits(runner, ids: list[int]) -> torch.Tensor:
     """Logits of every position of `ids`, prefilled in one step (pages released after), on the
     host beside the references they are compared with, whatever the engine device."""
     from engine.kv.batch import ForwardBatch
-    pages = runner.kv.alloc(-(-len(ids) // runner.kv.page_size))
+    kv = runner.kv
+    pages = kv.alloc(-(-len(ids) // kv.page_size))
+    sliding = [kv.sliding.alloc(len(pages))] if kv.sliding else None
     states = [runner.states.alloc()] if runner.states else None
     try:
-        b = ForwardBatch.build([(ids, 0, pages)], runner.kv.page_size, runner.device, all_logits=True, states=states)
-        return runner.model(b, runner.kv).cpu()
+        b = ForwardBatch.build([(ids, 0, pages)], kv.page_size, runner.device, all_logits=True, states=states,
+                               sliding=sliding)
+        return runner.model(b, kv).cpu()
     finally:
-        runner.kv.release(pages)
+        kv.release(pages)
+        if sliding:
+            kv.sliding.release(sliding[0])
         if states:
             runner.states.release(states[0])

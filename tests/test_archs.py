@@ -104,17 +104,16 @@ def test_gpt_oss_sliding_layers_read_only_their_window(tiny_model):
     from engine.kv.batch import ForwardBatch
     runner = load(tiny_model("gpt_oss")[2])
     cfg, kv, page = runner.cfg, runner.kv, runner.kv.page_size
-    sliding = [i for i in range(cfg.num_layers) if cfg.window(i)]
-    assert sliding and len(sliding) < cfg.num_layers and page < cfg.sliding_window < 64
+    assert cfg.sliding_layer_ids and cfg.attention_layer_ids and page < cfg.sliding_window < 64
+    assert kv.sliding.k.shape[0] == len(cfg.sliding_layer_ids) and kv.k.shape[0] == len(cfg.attention_layer_ids)
     ids = prompt(70, seed=3)
     want = prefill_logits(runner, ids)
-    pages = kv.alloc(5)
+    pages, sliding = kv.alloc(5), kv.sliding.alloc(5)
     got = []
     for a, b in zip([0, 40, 55] + list(range(56, 70)), [40, 55] + list(range(56, 71))):
-        gone = pages[:max(0, a - cfg.sliding_window + 1) // page]  # before the window of this step's first query
-        for layer in sliding:
-            kv.k[layer, gone] = kv.v[layer, gone] = float("nan")
-        batch = ForwardBatch.build([(ids[a:b], a, pages)], page, runner.device, all_logits=True)
+        gone = sliding[:max(0, a - cfg.sliding_window + 1) // page]  # before the window of this step's first query
+        kv.sliding.k[:, gone] = kv.sliding.v[:, gone] = float("nan")
+        batch = ForwardBatch.build([(ids[a:b], a, pages)], page, runner.device, all_logits=True, sliding=[sliding])
         got.append(runner.model(batch, kv))
     assert rel_err(torch.cat(got), want) < 1e-5
 

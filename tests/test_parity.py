@@ -35,12 +35,13 @@ def test_incremental_decode_equals_full_prefill(tiny_model, arch):
     ids = prompt(40, seed=2)
     full = prefill_logits(runner, ids)
     pages = runner.kv.alloc(3)
+    sliding = [runner.kv.sliding.alloc(3)] if runner.kv.sliding else None
     states = [runner.states.alloc()] if runner.states else None
     step_logits = []
     # prefill 16 tokens in chunks of 7, 9, then decode the rest one token at a time
     cuts = [0, 7, 16] + list(range(17, 41))
     for a, b in zip(cuts, cuts[1:]):
         batch = ForwardBatch.build([(ids[a:b], a, pages)], runner.kv.page_size, runner.device, all_logits=True,
-                                   states=states)
+                                   states=states, sliding=sliding)
         step_logits.append(runner.model(batch, runner.kv))
     assert rel_err(torch.cat(step_logits), full) < 1e-5

@@ -149,7 +149,8 @@ def measure_policy(runner: ModelRunner, store, config: EngineConfig, routing: st
 
 
 def kv_token_bytes(runner: ModelRunner) -> float:
-    """KV bytes of one token of context, over all layers (what a decode step reads per token)."""
+    """KV bytes of one token of context, over the full-attention layers (what a decode step reads
+    per token; sliding-window layers read their window only)."""
     kv = runner.kv
     return kv.bytes / (kv.n_pages * kv.page_size)
 

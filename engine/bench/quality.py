@@ -21,16 +21,24 @@ def log_probs(runner, ids: list[int]) -> torch.Tensor:
     """log-softmax of the next-token logits at every position of `ids` (one sequence from position
     0), float32 [N, V] on the CPU, prefilled chunk by chunk."""
     from engine.kv.batch import ForwardBatch
-    kv, out = runner.kv, []
+    kv, out, chunk = runner.kv, [], runner.prefill_chunk
     pages = kv.alloc(-(-len(ids) // kv.page_size))
+    sliding = []  # the sliding layers' pages, those behind the window given back chunk by chunk
     try:
         with torch.no_grad():
-            for a in range(0, len(ids), runner.prefill_chunk):
-                b = ForwardBatch.build([(ids[a:a + runner.prefill_chunk], a, pages)], kv.page_size, runner.device,
-                                       all_logits=True)
+            for a in range(0, len(ids), chunk):
+                end = min(len(ids), a + chunk)
+                if kv.sliding:
+                    kv.sliding.grow(sliding, end)
+                b = ForwardBatch.build([(ids[a:end], a, pages)], kv.page_size, runner.device,
+                                       all_logits=True, sliding=[sliding] if kv.sliding else None)
                 out.append(torch.log_softmax(runner.model(b, kv).float(), -1).cpu())
+                if kv.sliding:
+                    kv.sliding.slide(sliding, a, end)
     finally:
         kv.release(pages)
+        if kv.sliding:
+            kv.sliding.release(sliding)
     return torch.cat(out)
 
 

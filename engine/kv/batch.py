@@ -18,6 +18,8 @@ class ForwardBatch:
     logit_rows: torch.Tensor    # rows of [T] whose logits are wanted
     state_slots: torch.Tensor | None = None  # [B] int64 recurrent-state slot (hybrid models)
     snapshots: tuple[tuple[int, int, int], ...] = ()  # (sequence, offset in its new tokens, checkpoint)
+    sliding_table: torch.Tensor | None = None  # [B, max_pages] int32 and [T] int64: as page_table and
+    sliding_slots: torch.Tensor | None = None  # slots, in the sliding layers' pool (engine.kv.paged)
 
     def to(self, device: torch.device | str) -> "ForwardBatch":
         """The same step with its tensors on `device` (how it travels to other ranks)."""
@@ -27,22 +29,29 @@ class ForwardBatch:
     @staticmethod
     def build(seqs: list[tuple[list[int], int, list[int]]], page_size: int,
               device: torch.device, all_logits: bool = False, states: list[int] | None = None,
-              snapshots: tuple[tuple[int, int, int], ...] = ()) -> "ForwardBatch":
+              snapshots: tuple[tuple[int, int, int], ...] = (),
+              sliding: list[list[int]] | None = None) -> "ForwardBatch":
         """seqs: (new token ids, tokens already in KV, page ids) per sequence; states: their
-        recurrent-state slots; snapshots: where linear layers save states mid-sequence."""
-        ids, pos, slots, rows, q_lens, ctx_lens = [], [], [], [], [], []
-        for new, start, pages in seqs:
+        recurrent-state slots; snapshots: where linear layers save states mid-sequence; sliding:
+        their pages in the sliding layers' pool (models with sliding-window layers)."""
+        ids, pos, rows, q_lens, ctx_lens = [], [], [], [], []
+        for new, start, _ in seqs:
             n = len(new)
             ids += new
             pos += range(start, start + n)
-            slots += [pages[p // page_size] * page_size + p % page_size for p in range(start, start + n)]
             rows += range(len(ids) - n, len(ids)) if all_logits else [len(ids) - 1]
             q_lens.append(n)
             ctx_lens.append(start + n)
-        width = max(len(p) for _, _, p in seqs)
-        table = [p + [0] * (width - len(p)) for _, _, p in seqs]
 
         def t(x, dt=torch.int64):
             return torch.tensor(x, dtype=dt, device=device)
-        return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, torch.int32), t(table, torch.int32),
-                            t(slots), t(rows), None if states is None else t(states), tuple(snapshots))
+
+        def paged(page_lists):  # -> (page table, slot of each new token)
+            width = max(len(p) for p in page_lists)
+            slots = [pages[p // page_size] * page_size + p % page_size
+                     for (new, start, _), pages in zip(seqs, page_lists) for p in range(start, start + len(new))]
+            return t([p + [0] * (width - len(p)) for p in page_lists], torch.int32), t(slots)
+        table, slots = paged([p for _, _, p in seqs])
+        sliding_table, sliding_slots = paged(sliding) if sliding is not None else (None, None)
+        return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, torch.int32), table, slots, t(rows),
+                            None if states is None else t(states), tuple(snapshots), sliding_table, sliding_slots)

@@ -72,6 +72,11 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last, id(parent), parent))
         return freed
 
+    def make_room(self, n: int, sliding: int = 0) -> bool:
+        """Evict until the pool has n free pages (and the sliding layers' pool `sliding`, where the
+        cache holds some: engine.kv.windows), or nothing more can go; True if any went."""
+        return self.evict(n - len(self.kv.free)) > 0
+
     def evictable(self) -> int:
         """Pages only the tree references (what evict could give back)."""
         stack, n = list(self.root.children.values()), 0

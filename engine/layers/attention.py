@@ -29,8 +29,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
-        """layer: this layer's index in the KV pool (hybrid models keep KV for attention layers only)."""
+    def __init__(self, cfg: ModelConfig, layer: int, window: int | None = None):
+        """layer: this layer's index in its KV pool (hybrid models keep KV for attention layers only);
+        window: its sliding window (None: full attention), whose KV is in the sliding pool."""
         super().__init__()
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.layer, self.hq, self.hkv, self.d = layer, hq, hkv, d
@@ -41,7 +42,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, ((1 + self.gated) * hq + 2 * hkv) * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(hq * d, cfg.hidden_size, bias=cfg.o_bias)
         self.qk_norm, self.clip = cfg.qk_norm, cfg.clip_qkv
-        self.window = cfg.window(cfg.attention_layer_ids[layer])  # by the model's layer index
+        self.window = window
         if cfg.attention_sinks:  # gpt-oss: a logit per head in every softmax's denominator [Hq]
             self.sinks = nn.Parameter(torch.empty(hq), requires_grad=False)
         if cfg.qk_norm != "none":
@@ -71,24 +72,32 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, cos, sin) -> torch.Tensor:
         gate = None
-        if x.is_cuda and self.fused_prologue:
+        if self.window:  # the sliding pool, through the sequences' pages of it
+            kv, table, slots = kv.sliding, batch.sliding_table, batch.sliding_slots
+        else:
+            table, slots = batch.page_table, batch.slots
+        # a sliding layer's prefill chunk reads its own keys as computed: the pages of those behind
+        # the window of the chunk's end are the pool's dummy page (engine.kv.paged.SlidingPool)
+        chunk = self.window is not None and max(batch.q_lens) > 1
+        if x.is_cuda and self.fused_prologue and not chunk:
             from kernels.attention_triton import qkv_rope_write
             head = self.qk_norm == "head"
             q = qkv_rope_write(self.qkv_proj(x), self.q_norm.weight if head else None,
                                self.k_norm.weight if head else None, self.q_norm.eps if head else 0.0,
-                               cos, sin, batch.slots, kv.k[self.layer].view(-1, self.hkv, self.d),
+                               cos, sin, slots, kv.k[self.layer].view(-1, self.hkv, self.d),
                                kv.v[self.layer].view(-1, self.hkv, self.d), self.hq)
         else:
             q, k, v, gate = self._qkv(x)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            kv.write(self.layer, k, v, batch.slots)
+            kv.write(self.layer, k, v, slots)
         sinks = getattr(self, "sinks", None)
         if q.is_cuda and max(batch.q_lens) == 1:
             from kernels.attention_triton import paged_decode_attention
-            o = paged_decode_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
+            o = paged_decode_attention(q, kv.k[self.layer], kv.v[self.layer], table,
                                        batch.ctx_lens_t, self.d ** -0.5, self.window, sinks)
         else:
-            o = ref.paged_attention(q, kv.k[self.layer], kv.v[self.layer], batch.page_table,
-                                    batch.q_lens, batch.ctx_lens, self.d ** -0.5, self.window, sinks)
+            o = ref.paged_attention(q, kv.k[self.layer], kv.v[self.layer], table,
+                                    batch.q_lens, batch.ctx_lens, self.d ** -0.5, self.window, sinks,
+                                    (k, v) if chunk else None)
         o = o.reshape(x.shape[0], -1)
         return self.o_proj(o if gate is None else o * torch.sigmoid(gate))

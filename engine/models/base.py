@@ -117,9 +117,15 @@ class ModelConfig:
 
     @property
     def attention_layer_ids(self) -> list[int]:
-        """Layers with softmax attention, the only ones with KV pages."""
+        """Layers with softmax attention over the whole context: their KV is in the main pool."""
         linear = set(self.linear_layer_ids)
-        return [i for i in range(self.num_layers) if i not in linear]
+        return [i for i in range(self.num_layers) if i not in linear and self.window(i) is None]
+
+    @property
+    def sliding_layer_ids(self) -> list[int]:
+        """Layers with sliding-window attention: their KV is in the sliding pool (engine.kv.paged)."""
+        linear = set(self.linear_layer_ids)
+        return [i for i in range(self.num_layers) if i not in linear and self.window(i) is not None]
 
 
 def rope_params(hf: dict) -> dict:

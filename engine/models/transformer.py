@@ -38,11 +38,13 @@ def checkpoint_names(name: str) -> list[str]:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, moe_index: int | None, kv_index: int | None, linear_index: int | None):
-        """Softmax attention (GQA or MLA) over KV layer kv_index, or (hybrid models) linear attention."""
+    def __init__(self, cfg: ModelConfig, moe_index: int | None, kv_index: int | None, linear_index: int | None,
+                 window: int | None = None):
+        """Softmax attention (GQA or MLA) over KV layer kv_index (of the sliding pool when it has a
+        window), or (hybrid models) linear attention."""
         super().__init__()
         if linear_index is None:
-            self.self_attn = (MLAttention if cfg.mla else Attention)(cfg, kv_index)
+            self.self_attn = MLAttention(cfg, kv_index) if cfg.mla else Attention(cfg, kv_index, window)
         else:
             self.linear_attn = GatedDeltaNet(cfg, linear_index)
         self.mlp = MoEBlock(cfg, moe_index) if moe_index is not None else \
@@ -64,7 +66,8 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         index = lambda ids: {layer: i for i, layer in enumerate(ids)}  # noqa: E731
         moe, kv, linear = index(cfg.moe_layer_ids), index(cfg.attention_layer_ids), index(cfg.linear_layer_ids)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, moe.get(i), kv.get(i), linear.get(i))
+        kv |= index(cfg.sliding_layer_ids)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, moe.get(i), kv.get(i), linear.get(i), cfg.window(i))
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
 
