@@ -6,8 +6,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.quant import QWeight
+
+# cuDNN's attention builds a graph for every new (query, key) length it meets, 0.04-1.4 s each on
+# an H200, so every prompt of a new length would pay it; the other fused kernels need no build
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass(frozen=True)
@@ -114,8 +119,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
             k, v, gqa = *(t.repeat_interleave(qb.shape[0] // t.shape[0], 0) for t in (k, v)), False
         if sinks is not None:
             qb, k, v, mask = _sink_key(qb, k, v, mask, sinks, scale)
-        o = F.scaled_dot_product_attention(qb[None], k[None], v[None], attn_mask=mask, scale=scale,
-                                           enable_gqa=gqa)[0]
+        with sdpa_kernel(SDPA_BACKENDS):
+            o = F.scaled_dot_product_attention(qb[None], k[None], v[None], attn_mask=mask, scale=scale,
+                                               enable_gqa=gqa)[0]
         out.append(o.transpose(0, 1))
     return torch.cat(out, dim=0)
 

@@ -128,8 +128,8 @@ def test_host_tables_match_reference_plan():
             ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(int(torch.randint(1, 4, (), generator=g)))])
             cold = bool(torch.rand((), generator=g) < 0.3)
             want = ref.plan(ids, layer, E, slot_of, owner_of, last_use, seen, clock, q, cold)
-            got = host.plan(ids.tolist(), layer * E, q, cold)
-            assert got[0] == want[0].flatten().tolist()
+            got = host.plan(ids, layer * E, q, cold)
+            assert got[0].tolist() == want[0].flatten().tolist()
             assert (got[1], got[2], got[3], got[4]) == (want[1].tolist(), want[2].tolist(), want[3], want[4])
             assert host.slot_of == slot_of.tolist() and host.owner_of == owner_of.tolist()
 
@@ -160,11 +160,12 @@ def test_host_and_device_tables_share_one_interface():
     for t in (HostTables(S, L * E, L), DeviceTables(S, L * E, E, torch.device("cpu"))):
         assert isinstance(t, ResidencyTables)
         t.install_block(0, 0, E)
-        steps = [t.owned, t.missing([[0, 1], [2, 5]], 0), t.missing([[0, 1]], E)]
+        steps = [t.owned, t.missing(torch.tensor([[0, 1], [2, 5]]), 0), t.missing(torch.tensor([[0, 1]]), E)]
         reserved = t.reserve(3)  # none used yet: the lowest slots, owners evicted
-        steps += [sorted(reserved), t.owned, t.missing([[0, 1, 2, 3]], 0)]
+        steps += [sorted(reserved), t.owned, t.missing(torch.tensor([[0, 1, 2, 3]]), 0)]
         t.release(reserved)
-        steps.append(t.plan([[0, 1]], E, 1.0)[1:])  # fills go to the released slots first
+        route, *rest = t.plan(torch.tensor([[0, 1]]), E, 1.0)  # fills go to the released slots first
+        steps += [route.tolist(), rest]
         got.append(steps)
     assert got[0] == got[1]
 

@@ -112,7 +112,7 @@ def price(trace: np.ndarray, slots: int, experts: int, m: Machine, q: float | No
     for tok in range(end):
         for layer in range(layers):
             ids, base = trace[tok, layer].tolist(), layer * experts
-            route, victims, _, h, miss = t.plan([ids], base, q)
+            route, victims, _, h, miss = t.plan(torch.tensor([ids]), base, q)
             f, c = len(victims), miss - len(victims)
             both = f > 0 and c > 0
             link = f * s / (m.b_p if both else m.b_p_solo)

@@ -106,7 +106,7 @@ class ExpertRuntime:
         slots = st.take(layer) if scan else None
         if slots is not None:
             out = self.run_cached(x, torch.where(ids < 0, -1, slots[ids]), weights)
-            missing = c.tables.missing(ids_h.tolist(), layer * c.n_experts)
+            missing = c.tables.missing(ids_h, layer * c.n_experts)
         else:
             out, missing = self._routed(layer, x, ids_h, weights, scan)
         if scan:
@@ -119,9 +119,9 @@ class ExpertRuntime:
         """Plan against the cache, fill the fetched misses, run the CPU misses concurrently, merge.
         -> (out [T, H] float32, misses)."""
         c = self.cache
-        route, victims, fetch, hits, misses = c.tables.plan(ids_h.tolist(), layer * c.n_experts,
+        route, victims, fetch, hits, misses = c.tables.plan(ids_h, layer * c.n_experts,
                                                             self.policy.q(layer, scan, self.qstar.value), cold=scan)
-        route = torch.tensor(route).view(ids_h.shape)
+        route = route.view(ids_h.shape)
         cpu_ids = torch.where(route < 0, ids_h, -1)
         n_cpu = misses - len(victims)
         c.stats.record(slot_bytes=self.store.layout.slot_bytes, hits=hits, misses=misses, fetched=len(victims))

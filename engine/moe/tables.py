@@ -5,7 +5,7 @@ the graph path's plan kernel updates without a host sync. Both make the decision
 kernels.ref.plan."""
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -24,13 +24,13 @@ class ResidencyTables(Protocol):
     def install_block(self, slot: int, flat: int, n: int) -> None:
         """Slots slot..slot+n hold flat ids flat..flat+n."""
 
-    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False) -> tuple:
-        """One layer step (see HostTables.plan) -> (route slots [T*K] with -1 = CPU, victim
-        slots, fetched expert ids, hits, misses)."""
+    def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False) -> tuple:
+        """One layer step (see HostTables.plan) -> (route slots [T*K] (a CPU tensor) with -1 =
+        CPU, victim slots, fetched expert ids, hits, misses)."""
 
-    def missing(self, ids: list[list[int]], base: int) -> int:
-        """Distinct experts of ids [T][K] (flat ids from `base`; -1: routed elsewhere) that are
-        not resident."""
+    def missing(self, ids: torch.Tensor, base: int) -> int:
+        """Distinct experts of ids [T, K] (a CPU tensor of flat ids from `base`; -1: routed
+        elsewhere) that are not resident."""
 
     def reserve(self, n: int) -> list[int]:
         """Take the n least recently used slots out of the cache (prefill buffers)."""
@@ -44,8 +44,15 @@ class ResidencyTables(Protocol):
         history -> (slots, flat ids): the rows to copy into the new pool."""
 
 
+def distinct(ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """The distinct expert ids of ids [T, K] (-1 left out), ascending, and their route counts."""
+    uniq, counts = torch.unique(ids[ids >= 0], return_counts=True)
+    return uniq, counts.tolist()
+
+
 class HostTables:
-    """The semantics of kernels.ref.plan with O(K + F) Python work per layer step. An ordered
+    """The semantics of kernels.ref.plan with Python work per distinct expert of a layer step
+    (the routes themselves are mapped with tensor ops, so a long prefill chunk costs little). An ordered
     LRU replaces the sort over last_use: slots touched in one step move to the end in slot order,
     which is exactly the (last_use, slot) order the reference sorts by; cold fills move to the
     front in slot order, where the reference's last_use of -1 puts them."""
@@ -98,17 +105,17 @@ class HostTables:
         self.seen, self.clock = list(old.seen), old.clock
         return slots, flats
 
-    def missing(self, ids: list[list[int]], base: int) -> int:
-        return sum(self.slot_of[base + e] < 0 for e in {e for row in ids for e in row if e >= 0})
+    def missing(self, ids: torch.Tensor, base: int) -> int:
+        return sum(self.slot_of[base + e] < 0 for e in distinct(ids)[0].tolist())
 
-    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
-        """ids [T][K] expert ids of the layer whose flat ids start at `base` (-1: routed
+    def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False):
+        """ids [T, K] (CPU) expert ids of the layer whose flat ids start at `base` (-1: routed
         elsewhere) -> (route slots [T*K] with -1 = CPU or elsewhere, victim slots, fetched expert
         ids, hits, misses). cold: the fills enter as least recently used (see kernels.ref.plan)."""
         self.clock += 1
-        flat = [base + e if e >= 0 else -1 for row in ids for e in row]
-        counts = Counter(f for f in flat if f >= 0)
-        uniq = sorted(counts)
+        experts, n = distinct(ids)
+        uniq = [base + e for e in experts.tolist()]
+        counts = dict(zip(uniq, n))
         hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
         misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
         recurring = any(ref.recurs(self.seen[f], self.clock, self.n_layers) for f in misses)
@@ -128,7 +135,11 @@ class HostTables:
             self.lru.move_to_end(s, last=False)
         for f in uniq:
             self.seen[f] = self.clock
-        route = [self.slot_of[f] if f >= 0 else -1 for f in flat]
+        flat = ids.flatten()
+        route = torch.full_like(flat, -1)
+        live = flat >= 0
+        route[live] = torch.tensor([self.slot_of[f] for f in uniq], dtype=torch.int64)[
+            torch.searchsorted(experts, flat[live])]
         return route, victims, [f - base for f in misses[:n]], len(hit_slots), len(misses)
 
 
@@ -158,13 +169,12 @@ class DeviceTables:
         self.slot_of[flat:flat + n] = torch.arange(slot, slot + n, device=dev)
         self.owner_of[slot:slot + n] = torch.arange(flat, flat + n, device=dev)
 
-    def plan(self, ids: list[list[int]], base: int, q: float, cold: bool = False):
+    def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False):
         clock = int(self.clock) + 1
         self.clock.fill_(clock)
-        ids_t = torch.tensor(ids, device=self.slot_of.device)
-        route, vic, fetch, hits, misses = ref.plan(ids_t, base // self.n_experts, self.n_experts,
-                                                   *self.tensors, clock, q, cold)
-        return route.flatten().tolist(), vic.tolist(), fetch.tolist(), hits, misses
+        route, vic, fetch, hits, misses = ref.plan(ids.to(self.slot_of.device), base // self.n_experts,
+                                                   self.n_experts, *self.tensors, clock, q, cold)
+        return route.flatten().cpu(), vic.tolist(), fetch.tolist(), hits, misses
 
     def reserve(self, n: int) -> list[int]:
         idx = torch.argsort(self.last_use, stable=True)[:n]
@@ -189,10 +199,8 @@ class DeviceTables:
         self.clock.copy_(old.clock)
         return slots.tolist(), flats.tolist()
 
-    def missing(self, ids: list[list[int]], base: int) -> int:
-        flat = torch.tensor(sorted({base + e for row in ids for e in row if e >= 0}), dtype=torch.int64,
-                            device=self.slot_of.device)
-        return int((self.slot_of[flat] < 0).sum())
+    def missing(self, ids: torch.Tensor, base: int) -> int:
+        return int((self.slot_of[distinct(ids)[0].to(self.slot_of.device) + base] < 0).sum())
 
     @property
     def owned(self) -> int:
