@@ -85,17 +85,34 @@ struct Row {
   int K, bk, sdt;
 };
 
-Row row(const Mat& m, int64_t e, int n, int K) {
-  static const int bits[7] = {32, 16, 16, 4, 8, 8, 4};  // per weight, by Fmt
-  Row r{reinterpret_cast<const uint8_t*>(m.q + e * m.sq) + size_t(n) * K * bits[m.fmt] / 8,
-        nullptr, nullptr, K, m.bk, m.sdt};
-  if (m.fmt >= INT4) {
-    size_t blk = size_t(n / m.bn) * ((K + m.bk - 1) / m.bk);  // the row's first block
-    r.s = m.s + e * m.ss + blk * (m.sdt == F32 ? 4 : m.sdt == E8M0 ? 1 : 2);
-    if (m.z) r.z = reinterpret_cast<const uint8_t*>(m.z + e * m.sz) + blk;
+// The rows of expert e's matrix in a bank, of K columns each. The divisions are done once per
+// expert, not per row: an integer division costs a fair share of a quantized row's kernel.
+struct Rows {
+  const uint8_t *q, *z = nullptr;
+  const char* s = nullptr;
+  size_t qb;            // bytes per row of weights or codes
+  int K, bk, bn, sdt;
+  int sb = 0, kb = 0;   // bytes per scale, blocks per row
+
+  Rows(const Mat& m, int64_t e, int K_)
+      : q(reinterpret_cast<const uint8_t*>(m.q + e * m.sq)), K(K_), bk(m.bk), bn(m.bn), sdt(m.sdt) {
+    static const int bits[7] = {32, 16, 16, 4, 8, 8, 4};  // per weight, by Fmt
+    qb = size_t(K) * bits[m.fmt] / 8;
+    if (m.fmt >= INT4) {
+      s = m.s + e * m.ss, sb = m.sdt == F32 ? 4 : m.sdt == E8M0 ? 1 : 2, kb = (K + bk - 1) / bk;
+      if (m.z) z = reinterpret_cast<const uint8_t*>(m.z + e * m.sz);
+    }
   }
-  return r;
-}
+  Row operator()(int n) const {
+    Row r{q + n * qb, nullptr, nullptr, K, bk, sdt};
+    if (s) {
+      size_t blk = size_t(bn == 1 ? n : n / bn) * kb;  // the row's first block
+      r.s = s + blk * sb;
+      if (z) r.z = z + blk;
+    }
+    return r;
+  }
+};
 
 using RowsFn = void (*)(const Row& w, const void* const* x, int nx, float* out);  // out[i] = w . x[i]
 struct Kernel {
@@ -105,13 +122,14 @@ struct Kernel {
   RowsFn hi_only = nullptr;   // A_BF16X2: fn for rows whose lo halves are all zero
 };
 
-// Position of element k of a length-K activation row read by a kernel of the given chunk: within
-// each whole chunk of c, the even k first, then the odd ones (the low, then the high nibbles of
-// c / 2 bytes of codes); the last K % c elements stay in place.
+// Position of element k of a length-K activation row read by a kernel of the given chunk c (a
+// power of two): within each whole chunk of c, the even k first, then the odd ones (the low, then
+// the high nibbles of c / 2 bytes of codes); the last K % c elements stay in place. (Masks, not
+// divisions: this runs once per activation element of a job.)
 inline int permute(int k, int K, int c) {
-  if (c == 0 || k >= K / c * c) return k;
-  int o = k % c;
-  return k - o + (o & 1) * (c / 2) + (o >> 1);
+  if (c == 0 || k >= (K & -c)) return k;
+  int o = k & (c - 1);
+  return k - o + (o & 1) * (c >> 1) + (o >> 1);
 }
 using DotFn = float (*)(const void* w, const void* x, int n);  // fp32 dot of two length-n rows
 
@@ -504,13 +522,14 @@ struct Job {
 void unit1(Job& J, int u) {
   int g = u / J.nb1, j0 = (u % J.nb1) * R1, j1 = std::min(J.I, j0 + R1);
   int64_t e = J.expert(g);
+  const Rows gu(J.gu, e, J.H);
   const float* bgu = bias(J.gu, e);
   float a[RC], b[RC];
   for (int j = j0; j < j1; ++j)  // routes innermost: one weight row serves every token (L1 hit)
     for (int r0 = J.gstart[g]; r0 < J.gstart[g + 1]; r0 += RC) {
       int n = std::min(RC, J.gstart[g + 1] - r0);
-      J.kgu.fn(row(J.gu, e, j, J.H), &J.xr[r0], n, a);
-      J.kgu.fn(row(J.gu, e, J.I + j, J.H), &J.xr[r0], n, b);
+      J.kgu.fn(gu(j), &J.xr[r0], n, a);
+      J.kgu.fn(gu(J.I + j), &J.xr[r0], n, b);
       float bg = bgu ? bgu[j] : 0.f, bu = bgu ? bgu[J.I + j] : 0.f;
       for (int i = 0; i < n; ++i) {
         float v = J.act(a[i] + bg, b[i] + bu);
@@ -525,12 +544,13 @@ void unit2(Job& J, int u) {
   float y[RC];
   for (int g = 0; g < int(J.eid.size()); ++g) {
     int64_t e = J.expert(g);
+    const Rows d(J.d, e, J.I);
     const float* bd = bias(J.d, e);
     for (int r = r0; r < r1; ++r)
       for (int k0 = J.gstart[g]; k0 < J.gstart[g + 1]; k0 += RC) {
         int n = std::min(RC, J.gstart[g + 1] - k0);
         float br = bd ? bd[r] : 0.f;
-        J.kd.fn(row(J.d, e, r, J.I), &J.hr[k0], n, y);
+        J.kd.fn(d(r), &J.hr[k0], n, y);
         for (int i = 0; i < n; ++i) J.out[size_t(J.tok[k0 + i]) * J.H + r] += J.rw[k0 + i] * (y[i] + br);
       }
   }
