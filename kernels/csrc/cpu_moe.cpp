@@ -405,8 +405,8 @@ void qrow(const Row& w, const uint16_t* const* xr, float* out) {
   const uint16_t* x[NR];
   __m512 acc[NR];
   for (int r = 0; r < NR; ++r) x[r] = xr[r], acc[r] = _mm512_setzero_ps();
-  __m512i tab = bf16_table(_mm512_loadu_ps(kE2M1));  // mxfp4's; int4's per block
-  int ztab = -1;
+  __m512i tab = F == MXFP4 ? bf16_table(_mm512_loadu_ps(kE2M1)) : _mm512_setzero_si512();  // int4's: per block
+  int ztab = -1;  // the zero point of int4's table
   const uint8_t* q = w.q;
   for (int g = 0; g < ns; ++g) {  // spans of one table and scales: a block, or two of 32 columns
     if constexpr (F == INT4)
