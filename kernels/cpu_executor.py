@@ -229,7 +229,7 @@ class CPUExecutor:
     """Persistent C++ worker pool of `threads` workers (default and at most: max_threads()).
     `backend` forces a path (tests): "torch", "scalar", "avx2_fma", "avx512" (AVX-512 F/BW:
     quantized banks in 512-bit registers), "avx512_bf16" (also bf16 banks, and int4 banks of
-    64-column multiple blocks, through the BF16 dot products)."""
+    64-column multiple blocks and mxfp4 banks, through the BF16 dot products)."""
 
     def __init__(self, threads: int | None = None, backend: str | None = None):
         self.threads = min(int(threads or max_threads()), max_threads())
@@ -373,20 +373,20 @@ def _constant_bank(fmt: str, n_experts: int, hidden: int, inter: int, group: int
 
 
 def expert_gbps(fmt: str, threads: int | None = None, seconds: float = 1.0, bank_bytes: int = 1 << 30,
-                shape: tuple[int, int] = (2048, 768), group: int = 128) -> float:
+                shape: tuple[int, int] = (2048, 768), group: int = 128, backend: str | None = None) -> float:
     """B_H of one weight format (fp32, bf16, fp16 or a kernels.quant format): GB/s of expert bytes
     (of a quantized format: its codes, scales and zero points) that the executor with `threads`
     threads reads at batch 1, in steps of 8 distinct experts of shape (hidden, moe_intermediate)
     cycling through bank_bytes of experts (make that exceed the CPU caches), timed by the
-    executor's own clock from submit to retire."""
+    executor's own clock from submit to retire; `backend` as CPUExecutor's."""
     hidden, inter = shape
     one = _constant_bank(fmt, 1, hidden, inter, group)
     per_expert = sum(w.nbytes_per_slot if isinstance(w, QWeight) else w[0].nbytes for w in one)
     n = max(8, -(-bank_bytes // per_expert))
     gu, down = _constant_bank(fmt, n, hidden, inter, group)
-    ex = CPUExecutor(threads)
+    ex = CPUExecutor(threads, backend)
     try:
-        # the activations of a bf16 model (int4 through the BF16 dot products reads half of them)
+        # the activations of a bf16 model (int4 and mxfp4 through the BF16 dot products read half of them)
         x, out, w = torch.randn(1, hidden).bfloat16().float(), torch.empty(1, hidden), torch.full((1, 8), 1 / 8)
         i, busy, t0 = 0, 0.0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:

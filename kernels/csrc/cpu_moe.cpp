@@ -41,7 +41,7 @@ namespace {
 // Weight formats (cpu_executor.py mirrors the codes); E8M0 only names mxfp4's scale type.
 enum Fmt { F32 = 0, BF16 = 1, F16 = 2, INT4 = 3, INT8 = 4, FP8 = 5, MXFP4 = 6, E8M0 = 7 };
 // Kernel families. DP_BF16: bf16 weights AND bf16 activations; AVX512: quantized weights only;
-// AVX512_BF16Q: quantized weights, int4 through the BF16 dot products (else as AVX512).
+// AVX512_BF16Q: quantized weights, int4 and mxfp4 through the BF16 dot products (else as AVX512).
 enum Mode { DP_BF16 = 0, AVX2 = 1, SCALAR = 2, AVX512 = 3, AVX512_BF16Q = 4 };
 // How a kernel reads its activation rows (x, h) of n elements: fp32; bf16; BF16X2: each value v
 // as two bf16, hi = bf16(v) in the row's first n elements and lo = bf16(v - hi) in the next n,
@@ -85,17 +85,34 @@ struct Row {
   int K, bk, sdt;
 };
 
-Row row(const Mat& m, int64_t e, int n, int K) {
-  static const int bits[7] = {32, 16, 16, 4, 8, 8, 4};  // per weight, by Fmt
-  Row r{reinterpret_cast<const uint8_t*>(m.q + e * m.sq) + size_t(n) * K * bits[m.fmt] / 8,
-        nullptr, nullptr, K, m.bk, m.sdt};
-  if (m.fmt >= INT4) {
-    size_t blk = size_t(n / m.bn) * ((K + m.bk - 1) / m.bk);  // the row's first block
-    r.s = m.s + e * m.ss + blk * (m.sdt == F32 ? 4 : m.sdt == E8M0 ? 1 : 2);
-    if (m.z) r.z = reinterpret_cast<const uint8_t*>(m.z + e * m.sz) + blk;
+// The rows of expert e's matrix in a bank, of K columns each. The divisions are done once per
+// expert, not per row: an integer division costs a fair share of a quantized row's kernel.
+struct Rows {
+  const uint8_t *q, *z = nullptr;
+  const char* s = nullptr;
+  size_t qb;            // bytes per row of weights or codes
+  int K, bk, bn, sdt;
+  int sb = 0, kb = 0;   // bytes per scale, blocks per row
+
+  Rows(const Mat& m, int64_t e, int K_)
+      : q(reinterpret_cast<const uint8_t*>(m.q + e * m.sq)), K(K_), bk(m.bk), bn(m.bn), sdt(m.sdt) {
+    static const int bits[7] = {32, 16, 16, 4, 8, 8, 4};  // per weight, by Fmt
+    qb = size_t(K) * bits[m.fmt] / 8;
+    if (m.fmt >= INT4) {
+      s = m.s + e * m.ss, sb = m.sdt == F32 ? 4 : m.sdt == E8M0 ? 1 : 2, kb = (K + bk - 1) / bk;
+      if (m.z) z = reinterpret_cast<const uint8_t*>(m.z + e * m.sz);
+    }
   }
-  return r;
-}
+  Row operator()(int n) const {
+    Row r{q + n * qb, nullptr, nullptr, K, bk, sdt};
+    if (s) {
+      size_t blk = size_t(bn == 1 ? n : n / bn) * kb;  // the row's first block
+      r.s = s + blk * sb;
+      if (z) r.z = z + blk;
+    }
+    return r;
+  }
+};
 
 using RowsFn = void (*)(const Row& w, const void* const* x, int nx, float* out);  // out[i] = w . x[i]
 struct Kernel {
@@ -105,13 +122,14 @@ struct Kernel {
   RowsFn hi_only = nullptr;   // A_BF16X2: fn for rows whose lo halves are all zero
 };
 
-// Position of element k of a length-K activation row read by a kernel of the given chunk: within
-// each whole chunk of c, the even k first, then the odd ones (the low, then the high nibbles of
-// c / 2 bytes of codes); the last K % c elements stay in place.
+// Position of element k of a length-K activation row read by a kernel of the given chunk c (a
+// power of two): within each whole chunk of c, the even k first, then the odd ones (the low, then
+// the high nibbles of c / 2 bytes of codes); the last K % c elements stay in place. (Masks, not
+// divisions: this runs once per activation element of a job.)
 inline int permute(int k, int K, int c) {
-  if (c == 0 || k >= K / c * c) return k;
-  int o = k % c;
-  return k - o + (o & 1) * (c / 2) + (o >> 1);
+  if (c == 0 || k >= (K & -c)) return k;
+  int o = k & (c - 1);
+  return k - o + (o & 1) * (c >> 1) + (o >> 1);
 }
 using DotFn = float (*)(const void* w, const void* x, int n);  // fp32 dot of two length-n rows
 
@@ -347,58 +365,71 @@ BF16_T float dot_dpbf16(const void* w, const void* x, int n) {  // bf16 x bf16 p
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
-// ---- int4 rows through the AVX-512 BF16 dot products ----
-// A code minus its zero point is an integer of at most 8 bits, so a bf16 holds it exactly, and
-// the product of two bf16 is exact in fp32: each block's dots of codes with the activations' hi
-// and lo halves (A_BF16X2) are accumulated in fp32 by VDPBF16PS, then scaled once per block. 64
-// columns a step: 32 bytes of codes widened to 16-bit lanes give the even columns' codes (low
-// nibbles) and the odd columns' (high nibbles), each turned into bf16 (c - z) by one table lookup
-// (VPERMW) and meeting 32 activations in the chunked order of permute(.., 64). Activations whose
-// lo halves are all zero (exactly bf16: a bf16 model's x) take the variant that skips them.
+// ---- int4 and mxfp4 rows through the AVX-512 BF16 dot products ----
+// A code minus its zero point (int4: an integer of at most 8 bits) and an e2m1 value are exact in
+// bf16, and the product of two bf16 is exact in fp32: the codes' dots with the activations' hi and
+// lo halves (A_BF16X2) are accumulated in fp32 by VDPBF16PS, then scaled. 64 columns a step: 32
+// bytes of codes widened to 16-bit lanes give the even columns' codes (low nibbles) and the odd
+// columns' (high nibbles), each turned into bf16 by one table lookup (VPERMW) and meeting 32
+// activations in the chunked order of permute(.., 64). fp32 lane l of a dot sums columns 4l ..
+// 4l + 3 of the step, so mxfp4's blocks of 32 columns have lanes of their own, scaled lane by lane
+// once a step; blocks of 64 columns or more are summed unscaled and scaled once a block.
+// Activations whose lo halves are all zero (exactly bf16: a bf16 model's x) take the variant that
+// skips them.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512bf16")
 namespace bf16q {
 constexpr int kChunk = 64;
 
-inline __m512i code_table(int z) {  // bf16 (c - z) in 16-bit lane c, c < 16
+// Whether rows of format F in blocks of bk columns run here.
+inline bool fits(int F, int bk) { return (F == INT4 || F == MXFP4) && (bk % kChunk == 0 || (F == MXFP4 && bk == 32)); }
+
+inline __m512i bf16_table(__m512 v) {  // bf16 of v's lane c in 16-bit lane c, c < 16
+  return _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v));
+}
+inline __m512i code_table(int z) {  // int4: bf16 (c - z)
   const __m512 c = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
-  return _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(c, _mm512_set1_ps(float(z)))));
+  return bf16_table(_mm512_sub_ps(c, _mm512_set1_ps(float(z))));
 }
 
 inline __m512 dp(__m512 acc, __m512i w, const uint16_t* x) {
   return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_loadu_si512(x));
 }
 
-// out[r] = W_row . x[r] for NR activation rows (A_BF16X2; LO: their lo halves too). The whole
-// blocks (bk % 64 == 0) run vectorized; a last block short of bk columns, if any, runs scalar.
-template <int NR, bool LO>
+// out[r] = W_row . x[r] for NR activation rows (A_BF16X2; LO: their lo halves too). Whole spans
+// (a block, or two of mxfp4's) run vectorized; a last span short of that, if any, runs scalar.
+template <int F, int NR, bool LO>
 void qrow(const Row& w, const uint16_t* const* xr, float* out) {
-  const int K = w.K, bk = w.bk, nb = K / bk;
+  const int K = w.K, bk = w.bk, span = std::max(bk, kChunk), ns = K / span, nv = ns * span;
   const __m512i low = _mm512_set1_epi16(15);
   const uint16_t* x[NR];
   __m512 acc[NR];
   for (int r = 0; r < NR; ++r) x[r] = xr[r], acc[r] = _mm512_setzero_ps();
-  __m512i tab = code_table(0);
-  int ztab = 0;
+  __m512i tab = F == MXFP4 ? bf16_table(_mm512_loadu_ps(kE2M1)) : _mm512_setzero_si512();  // int4's: per block
+  int ztab = -1;  // the zero point of int4's table
   const uint8_t* q = w.q;
-  for (int g = 0; g < nb; ++g) {
-    const int z = w.z[g];
-    if (z != ztab) tab = code_table(z), ztab = z;
+  for (int g = 0; g < ns; ++g) {  // spans of one table and scales: a block, or two of 32 columns
+    if constexpr (F == INT4)
+      if (w.z[g] != ztab) ztab = w.z[g], tab = code_table(ztab);
     __m512 p[NR][LO ? 4 : 2];  // hi . even columns, hi . odd, lo . even, lo . odd
     for (int r = 0; r < NR; ++r)
       for (auto& v : p[r]) v = _mm512_setzero_ps();
-    for (int i = 0; i < bk; i += kChunk, q += kChunk / 2) {
+    for (int i = 0; i < span; i += kChunk, q += kChunk / 2) {
       _mm_prefetch(reinterpret_cast<const char*>(q) + 4096, _MM_HINT_T0);  // see dot_avx2
       const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
       const __m512i we = _mm512_permutexvar_epi16(_mm512_and_si512(c, low), tab);
       const __m512i wo = _mm512_permutexvar_epi16(_mm512_srli_epi16(c, 4), tab);
       for (int r = 0; r < NR; ++r) {
-        const uint16_t* xk = x[r] + g * bk + i;
+        const uint16_t* xk = x[r] + g * span + i;
         p[r][0] = dp(p[r][0], we, xk), p[r][1] = dp(p[r][1], wo, xk + 32);
         if constexpr (LO) p[r][2] = dp(p[r][2], we, xk + K), p[r][3] = dp(p[r][3], wo, xk + K + 32);
       }
     }
-    const __m512 sv = _mm512_set1_ps(block_scale<INT4>(w, g));
+    __m512 sv;
+    if (F == MXFP4 && bk < kChunk)  // two blocks, of 8 lanes each
+      sv = _mm512_mask_mov_ps(_mm512_set1_ps(block_scale<F>(w, 2 * g)), 0xFF00, _mm512_set1_ps(block_scale<F>(w, 2 * g + 1)));
+    else
+      sv = _mm512_set1_ps(block_scale<F>(w, g));
     for (int r = 0; r < NR; ++r) {
       __m512 t = _mm512_add_ps(p[r][0], p[r][1]);
       if constexpr (LO) t = _mm512_add_ps(t, _mm512_add_ps(p[r][2], p[r][3]));
@@ -406,20 +437,22 @@ void qrow(const Row& w, const uint16_t* const* xr, float* out) {
     }
   }
   for (int r = 0; r < NR; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
-  for (int k = nb * bk; k < K; ++k) {  // the short last block
+  for (int k = nv; k < K; ++k) {  // the short last span
+    const float v = code_value<F>(w.q, k, F == INT4 ? float(w.z[k / bk]) : 0.f) * block_scale<F>(w, k / bk);
     const int p = permute(k, K, kChunk);
-    const float v = code_value<INT4>(w.q, k, float(w.z[nb])) * block_scale<INT4>(w, nb);
     for (int r = 0; r < NR; ++r) out[r] += v * (bf2f(x[r][p]) + (LO ? bf2f(x[r][K + p]) : 0.f));
   }
 }
 
-template <bool LO>
+template <int F, bool LO>
 void rows(const Row& w, const void* const* x, int nx, float* out) {
   auto xh = reinterpret_cast<const uint16_t* const*>(x);
   int i = 0;
-  for (; i + 2 <= nx; i += 2) qrow<2, LO>(w, xh + i, out + i);
-  if (i < nx) qrow<1, LO>(w, xh + i, out + i);
+  for (; i + 2 <= nx; i += 2) qrow<F, 2, LO>(w, xh + i, out + i);
+  if (i < nx) qrow<F, 1, LO>(w, xh + i, out + i);
 }
+
+template <int F> const Kernel kernel{rows<F, true>, kChunk, A_BF16X2, rows<F, false>};
 }  // namespace bf16q
 #pragma GCC pop_options
 
@@ -435,8 +468,8 @@ Kernel kernel(int mode, const Mat& m) {
   static const RowsFn scalarf[3] = {frows<dot_scalar<F32>>, frows<dot_scalar<BF16>>, frows<dot_scalar<F16>>};
   if (m.fmt < 0 || m.fmt > MXFP4) return {nullptr, 0};
   if (m.fmt >= INT4) {
-    if (mode == AVX512_BF16Q && m.fmt == INT4 && m.bk % bf16q::kChunk == 0)
-      return {bf16q::rows<true>, bf16q::kChunk, A_BF16X2, bf16q::rows<false>};
+    if (mode == AVX512_BF16Q && bf16q::fits(m.fmt, m.bk))
+      return m.fmt == INT4 ? bf16q::kernel<INT4> : bf16q::kernel<MXFP4>;
     static const Kernel* paths[3] = {avx512::qkernels, avx2::qkernels, scalar::qkernels};
     for (int p = mode >= AVX512 ? 0 : mode == AVX2 ? 1 : mode == SCALAR ? 2 : 3; p < 3; ++p) {
       const Kernel& k = paths[p][m.fmt - INT4];
@@ -489,13 +522,14 @@ struct Job {
 void unit1(Job& J, int u) {
   int g = u / J.nb1, j0 = (u % J.nb1) * R1, j1 = std::min(J.I, j0 + R1);
   int64_t e = J.expert(g);
+  const Rows gu(J.gu, e, J.H);
   const float* bgu = bias(J.gu, e);
   float a[RC], b[RC];
   for (int j = j0; j < j1; ++j)  // routes innermost: one weight row serves every token (L1 hit)
     for (int r0 = J.gstart[g]; r0 < J.gstart[g + 1]; r0 += RC) {
       int n = std::min(RC, J.gstart[g + 1] - r0);
-      J.kgu.fn(row(J.gu, e, j, J.H), &J.xr[r0], n, a);
-      J.kgu.fn(row(J.gu, e, J.I + j, J.H), &J.xr[r0], n, b);
+      J.kgu.fn(gu(j), &J.xr[r0], n, a);
+      J.kgu.fn(gu(J.I + j), &J.xr[r0], n, b);
       float bg = bgu ? bgu[j] : 0.f, bu = bgu ? bgu[J.I + j] : 0.f;
       for (int i = 0; i < n; ++i) {
         float v = J.act(a[i] + bg, b[i] + bu);
@@ -510,12 +544,13 @@ void unit2(Job& J, int u) {
   float y[RC];
   for (int g = 0; g < int(J.eid.size()); ++g) {
     int64_t e = J.expert(g);
+    const Rows d(J.d, e, J.I);
     const float* bd = bias(J.d, e);
     for (int r = r0; r < r1; ++r)
       for (int k0 = J.gstart[g]; k0 < J.gstart[g + 1]; k0 += RC) {
         int n = std::min(RC, J.gstart[g + 1] - k0);
         float br = bd ? bd[r] : 0.f;
-        J.kd.fn(row(J.d, e, r, J.I), &J.hr[k0], n, y);
+        J.kd.fn(d(r), &J.hr[k0], n, y);
         for (int i = 0; i < n; ++i) J.out[size_t(J.tok[k0 + i]) * J.H + r] += J.rw[k0 + i] * (y[i] + br);
       }
   }
