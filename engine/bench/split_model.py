@@ -31,6 +31,7 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from engine.config import parse_size
 from engine.moe.tables import HostTables
