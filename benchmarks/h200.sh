@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements recorded in RESULTS.md, as run on the lent H200 machine (its python3 has
 # torch + triton). Usage: benchmarks/h200.sh PART OUTDIR, PART = tests | graphs | decode-a | decode-b | prefill | step | depth |
-# startup | depth-run | threads-probe | threads-decode | elastic | hybrid | train.
+# startup | depth-run | threads-probe | threads-decode | elastic | hybrid | archs | train.
 set -u
 part=$1; out=${2:-/tmp/ftout}; mkdir -p "$out"
 # PYTHONFAULTHANDLER + timeout -s ABRT: a run cut off by its limit leaves every thread's stack in its log
@@ -15,7 +15,7 @@ tests)
   lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Flags" | cut -c1-300 >> "$out/env.txt"
   timeout -s ABRT 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_triton_kernels.py tests/test_graphs.py tests/test_prefill.py \
     tests/test_parity.py tests/test_expert_memory.py tests/test_policies.py tests/test_cpu_executor.py \
-    tests/test_radix.py tests/test_ftw.py tests/test_archs.py > "$out/gpu_tests.txt" 2>&1
+    tests/test_radix.py tests/test_ftw.py tests/test_archs.py tests/test_sliding.py > "$out/gpu_tests.txt" 2>&1
   tail -5 "$out/gpu_tests.txt"
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2> "$out/profile.err"; cat "$out/profile.json"
   python3 -c "from kernels.moe_triton import bench_moe; from kernels.attention_triton import bench_attention
@@ -121,6 +121,15 @@ threads-decode)  # issue 22: graph decode rows at 1..16 CPU threads, 8 layers, 1
   tail -22 "$out/threads_decode.txt"
   python3 -c "import json; [print(r['policy'], r['threads'], r['pool_threads'], round(r['tok_s'], 1), r['cpu_busy'])
     for r in json.load(open('$out/threads_decode.json'))['rows']]" ;;
+archs)  # issue 23: graph decode (three policies) and a 16k prefill with its 200-token follow-up, per shape, 8 GiB
+  for spec in "gpt-oss-120b --layers 8" "deepseek-v3 --layers 5 --quant int4" "glm-4.5-air --layers 9"; do
+    name=${spec%% *}
+    timeout -s ABRT 200 python3 -m freetoken_cli.main bench decode --synthetic $spec --cpu-threads 8 --expert-budget 8GiB \
+      --moe-policy adaptive,fetch,cpu --routing model --tokens 32 --repeats 3 --out "$out/decode_$name.json" > "$out/decode_$name.txt" 2>&1
+    timeout -s ABRT 200 python3 -m freetoken_cli.main bench prefill --synthetic $spec --cpu-threads 8 --expert-budget 8GiB \
+      --lengths 16384 --mode adaptive --follow-up 200 --out "$out/prefill_$name.json" > "$out/prefill_$name.txt" 2>&1
+    tail -4 "$out/decode_$name.txt"; tail -4 "$out/prefill_$name.txt"
+  done ;;
 elastic)  # issue 22 item 6: the elastic resize on the GPU, then another process takes 20 GiB mid-decode and frees it
   timeout -s ABRT 240 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_elastic.py \
     tests/test_graphs.py > "$out/gpu_tests.txt" 2>&1; tail -5 "$out/gpu_tests.txt"
