@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, SamplingParams
 from engine.errors import UserError
 from engine.kv.paged import KVPool, SlidingPool
 from engine.kv.state import StatePool
@@ -25,6 +25,7 @@ from engine.moe.runtime import ExpertRuntime
 from engine.moe.shard import this_rank
 from engine.moe.store import HostExpertStore
 from engine.runner import ModelRunner
+from engine.sampling import sample_row
 from ftw.format import DTYPES
 
 GiB = 2**30
@@ -288,7 +289,7 @@ def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
 def warm_prefill(runner: ModelRunner) -> None:
     """One short prefill on dummy tokens, so that the first request does not pay the first use
     of the prefill path (its cuBLAS shapes, lazily loaded kernels, the eager plan's and experts'
-    torch ops): long enough to scan like a long prompt, its KV written to one scratch page (the
+    torch ops, the samplers' kernels): long enough to scan like a long prompt, its KV written to one scratch page (the
     sliding layers' to their pool's dummy page, and a hybrid model's recurrent state to a scratch
     slot), the model's own routing (a replayed trace keeps its place). The expert cache's counters
     and the streamer's compute estimate are reset after it; the tables it filled are emptied by
@@ -310,7 +311,9 @@ def warm_prefill(runner: ModelRunner) -> None:
                          *(scratch(kv.sliding.dummy) if kv.sliding else (None, None)))
     routing, rt.routing = rt.routing, None
     try:
-        runner.model(batch, kv)
+        logits = runner.model(batch, kv)[-1].float()
+        for p in (SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, top_k=20)):  # the samplers' kernels
+            sample_row(logits, p, None)
         if kv.k.is_cuda:
             torch.cuda.synchronize()
     finally:
