@@ -182,8 +182,8 @@ def _tiles(slots: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tenso
     return order, torch.tensor(tiles, dtype=torch.int32, device=slots.device).view(-1, 3)
 
 
-def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight | torch.Tensor, w_down: QWeight | torch.Tensor, slots: torch.Tensor,
-                     weights: torch.Tensor, act: ExpertAct = SILU, bias: ExpertBias | None = None,
+def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight | torch.Tensor, w_down: QWeight | torch.Tensor,
+                     slots: torch.Tensor, weights: torch.Tensor, act: ExpertAct = SILU, bias: ExpertBias | None = None,
                      blocks: tuple[int, int, int, int, int] = (64, 64, 64, 64, 64)) -> torch.Tensor:
     """ref.moe_experts: x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I] (QWeights or tensors);
     slots [T, K] (-1 = elsewhere); weights [T, K]; act and bias as the reference takes them ->

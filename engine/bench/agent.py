@@ -4,7 +4,8 @@ turns on one model. The session is a coding agent's: a system prompt, user queri
 answered by a loop of thinking + tool call, then the tool's response; the history is re-rendered
 every turn the way Qwen templates and agent clients edit it (earlier thinking dropped at a new
 query; old tool results cleared every `clear_every` turns). Each turn's answer is forced, so
-both runs see the same tokens. Rows: per turn, prompt tokens, and per mode tokens reused, TTFT and what the prefill moved."""
+both runs see the same tokens. Rows: per turn, prompt tokens, and per mode tokens reused, TTFT
+and what the prefill moved."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

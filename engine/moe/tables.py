@@ -52,8 +52,8 @@ def distinct(ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
 
 class HostTables:
     """The semantics of kernels.ref.plan with Python work per distinct expert of a layer step
-    (the routes themselves are mapped with tensor ops, so a long prefill chunk costs little). An ordered
-    LRU replaces the sort over last_use: slots touched in one step move to the end in slot order,
+    (its routes are mapped with tensor ops, so a long prefill chunk costs little). An ordered LRU
+    replaces the sort over last_use: slots touched in one step move to the end in slot order,
     which is exactly the (last_use, slot) order the reference sorts by; cold fills move to the
     front in slot order, where the reference's last_use of -1 puts them."""
 
@@ -113,9 +113,9 @@ class HostTables:
         elsewhere) -> (route slots [T*K] with -1 = CPU or elsewhere, victim slots, fetched expert
         ids, hits, misses). cold: the fills enter as least recently used (see kernels.ref.plan)."""
         self.clock += 1
-        experts, n = distinct(ids)
+        experts, routes = distinct(ids)
         uniq = [base + e for e in experts.tolist()]
-        counts = dict(zip(uniq, n))
+        counts = dict(zip(uniq, routes))
         hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
         misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
         recurring = any(ref.recurs(self.seen[f], self.clock, self.n_layers) for f in misses)
