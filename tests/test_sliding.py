@@ -132,6 +132,25 @@ def test_preempted_sequences_resume_from_their_windows(tiny_model):
     assert e.kv.used == sched.prefix.pages + base
 
 
+
+def test_a_model_whose_every_layer_slides(tmp_path):
+    """A checkpoint with `sliding_window` and no `layer_types` (a Mixtral with a window): every
+    layer's KV is in the sliding pool, the main pool holds no layer; tokens are transformers'
+    across the window and after a follow-up that resumes at the kept window."""
+    import tiny
+
+    from engine.convert import convert
+    ref = tiny.build("mixtral", tmp_path / "hf", sliding_window=20)
+    convert(tmp_path / "hf", tmp_path / "ftw")
+    e = load(tmp_path / "ftw", prefill_chunk=24)
+    assert e.kv.k.shape[0] == 0 and len(e.cfg.sliding_layer_ids) == e.cfg.num_layers
+    sched = Scheduler(e, set(), 1, 24)
+    first = run(sched, prompt(70, seed=3), n=30)
+    reference(ref, first)
+    follow = run(sched, first.tokens + [5, 7], n=8)
+    assert follow.cached == 96
+    reference(ref, follow)
+
 @pytest.mark.gpu
 def test_graph_decode_past_the_window_matches_eager(tiny_model):
     """CUDA graphs read the sliding layers through their own static table: the same tokens as eager
