@@ -289,11 +289,11 @@ def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
 def warm_prefill(runner: ModelRunner) -> None:
     """One short prefill on dummy tokens, so that the first request does not pay the first use
     of the prefill path (its cuBLAS shapes, lazily loaded kernels, the eager plan's and experts'
-    torch ops, the samplers' kernels): long enough to scan like a long prompt, its KV written to one scratch page (the
-    sliding layers' to their pool's dummy page, and a hybrid model's recurrent state to a scratch
-    slot), the model's own routing (a replayed trace keeps its place). The expert cache's counters
-    and the streamer's compute estimate are reset after it; the tables it filled are emptied by
-    the capture that follows."""
+    torch ops, the samplers' kernels): long enough to scan like a long prompt, its KV written to
+    one scratch page (the sliding layers' to their pool's dummy page, and a hybrid model's
+    recurrent state to a scratch slot), the model's own routing (a replayed trace keeps its
+    place). The expert cache's counters and the streamer's compute estimate are reset after it;
+    the tables it filled are emptied by the capture that follows."""
     from engine.kv.batch import ForwardBatch
     from engine.moe.prefill import LayerStreamer
     from engine.moe.runtime import SHORT_ROUTES_PER_EXPERT
@@ -312,7 +312,7 @@ def warm_prefill(runner: ModelRunner) -> None:
     routing, rt.routing = rt.routing, None
     try:
         logits = runner.model(batch, kv)[-1].float()
-        for p in (SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, top_k=20)):  # the samplers' kernels
+        for p in (SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, top_k=20)):  # greedy, sampled
             sample_row(logits, p, None)
         if kv.k.is_cuda:
             torch.cuda.synchronize()

@@ -78,6 +78,7 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
     return out
 
 
+@sdpa_kernel(SDPA_BACKENDS)
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     page_table: torch.Tensor, q_lens: list[int], ctx_lens: list[int],
                     scale: float, window: int | None = None, sinks: torch.Tensor | None = None,
@@ -119,9 +120,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
             k, v, gqa = *(t.repeat_interleave(qb.shape[0] // t.shape[0], 0) for t in (k, v)), False
         if sinks is not None:
             qb, k, v, mask = _sink_key(qb, k, v, mask, sinks, scale)
-        with sdpa_kernel(SDPA_BACKENDS):
-            o = F.scaled_dot_product_attention(qb[None], k[None], v[None], attn_mask=mask, scale=scale,
-                                               enable_gqa=gqa)[0]
+        o = F.scaled_dot_product_attention(qb[None], k[None], v[None], attn_mask=mask, scale=scale,
+                                           enable_gqa=gqa)[0]
         out.append(o.transpose(0, 1))
     return torch.cat(out, dim=0)
 

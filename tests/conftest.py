@@ -97,16 +97,12 @@ def prefill_logits(runner, ids: list[int]) -> torch.Tensor:
     host beside the references they are compared with, whatever the engine device."""
     from engine.kv.batch import ForwardBatch
     kv = runner.kv
-    pages = kv.alloc(-(-len(ids) // kv.page_size))
-    sliding = [kv.sliding.alloc(len(pages))] if kv.sliding else None
     states = [runner.states.alloc()] if runner.states else None
     try:
-        b = ForwardBatch.build([(ids, 0, pages)], kv.page_size, runner.device, all_logits=True, states=states,
-                               sliding=sliding)
-        return runner.model(b, kv).cpu()
+        with kv.scratch(len(ids)) as (pages, sliding):
+            b = ForwardBatch.build([(ids, 0, pages)], kv.page_size, runner.device, all_logits=True, states=states,
+                                   sliding=None if sliding is None else [sliding])
+            return runner.model(b, kv).cpu()
     finally:
-        kv.release(pages)
-        if sliding:
-            kv.sliding.release(sliding[0])
         if states:
             runner.states.release(states[0])

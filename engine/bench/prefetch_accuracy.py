@@ -32,15 +32,11 @@ def accuracy(runner, tokens: list[int]) -> list[float]:
     hooks = [b.register_forward_pre_hook(lambda m, args: inputs.__setitem__(m.moe_index, args[0].clone()))
              for b in blocks]
     kv = runner.kv
-    pages = kv.alloc(-(-len(tokens) // kv.page_size))
-    sliding = kv.sliding.alloc(len(pages)) if kv.sliding else None
     try:
-        runner.model(ForwardBatch.build([(tokens, 0, pages)], kv.page_size, runner.device,
-                                        sliding=[sliding] if sliding else None), kv)
+        with kv.scratch(len(tokens)) as (pages, sliding):
+            runner.model(ForwardBatch.build([(tokens, 0, pages)], kv.page_size, runner.device,
+                                            sliding=None if sliding is None else [sliding]), kv)
     finally:
-        kv.release(pages)
-        if sliding:
-            kv.sliding.release(sliding)
         for h in hooks:
             h.remove()
     return predicted_share([inputs[i] for i in range(len(blocks))], lambda layer, x: blocks[layer].route(x)[1])

@@ -35,8 +35,8 @@ def row(runner: ModelRunner, mode: str, what: str, tokens: int, seconds: float, 
     layer_bytes = store.n_experts * store.layout.slot_bytes
     b_p = (prof["h2d_gbps"] or prof["cpu_expert_gbps"]) * 1e9
     bound = -(-tokens // runner.prefill_chunk) * len(store.banks) * layer_bytes / b_p
-    return {"mode": mode, "prompt": what, "tokens": tokens, "chunk": runner.prefill_chunk, "ttft_s": seconds, "bound_s": bound,
-            "streamed_layers": d.stream_layers, "moved_gib": d.bytes_filled / 2**30}
+    return {"mode": mode, "prompt": what, "tokens": tokens, "chunk": runner.prefill_chunk, "ttft_s": seconds,
+            "bound_s": bound, "streamed_layers": d.stream_layers, "moved_gib": d.bytes_filled / 2**30}
 
 
 def run(runner: ModelRunner, base: EngineConfig, modes: list[str], lengths: list[int], follow_up: int,

@@ -3,6 +3,8 @@ allocator so that sequences can share prefix pages. The sliding-window layers (e
 layer of gpt-oss) keep their KV in a second, smaller pool that holds only each sequence's window."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from engine.errors import UserError
@@ -40,6 +42,19 @@ class KVPool:
         for p in pages:
             self.refs[p] = 1
         return pages
+
+    @contextmanager
+    def scratch(self, n: int):
+        """Pages of one sequence of n tokens from position 0, outside the scheduler (benches, tests),
+        given back after -> (pages, its sliding layers' pages or None)."""
+        pages = self.alloc(-(-n // self.page_size))
+        sliding = self.sliding.alloc(len(pages)) if self.sliding else None
+        try:
+            yield pages, sliding
+        finally:
+            self.release(pages)
+            if sliding:
+                self.sliding.release(sliding)
 
     def share(self, pages: list[int]) -> None:
         for p in pages:
