@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from engine.config import SamplingParams
 from engine.constrain import Constraint, Grammars
+from engine.errors import UserError
 from engine.kv.anchors import GAP, Anchors
 from engine.kv.batch import ForwardBatch
 from engine.kv.checkpoints import HybridPrefixCache
@@ -187,6 +188,9 @@ class Scheduler:
                 continue
             newer = self.running[self.running.index(seq) + 1:]
             if not newer:
+                if seq is self.running[0]:  # alone, with nothing to evict: it would wait forever
+                    raise UserError(f"KV cache is full ({self.kv.n_pages} pages of {self.kv.page_size} tokens) "
+                                    f"and cannot hold {end} tokens of one request; raise --max-context")
                 self._preempt(seq)
                 return False
             self._preempt(newer[-1])

@@ -234,8 +234,9 @@ def agent(model: Optional[str] = ModelArg,
     state checkpoints; others: the prefix cache)."""
     from engine.bench.agent import Shape, run
     shape = Shape(system=system_tokens, queries=queries, steps=steps, response=response_tokens)
+    # the two modes' schedulers share one KV pool: room for a session's pages in each
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, 32768, prefill_chunk=prefill_chunk,
-                        state_checkpoints=state_checkpoints)
+                        state_checkpoints=state_checkpoints, kv_tokens=2 * 32768)
     runner = _load(cfg, model, synthetic, layers, None)
     rows: list[dict] = []
 

@@ -1,8 +1,10 @@
 """Radix prefix cache: page-granular sharing, reference counts, LRU eviction under pressure."""
+import pytest
 import torch
 from conftest import load
 
 from engine.config import SamplingParams
+from engine.errors import UserError
 from engine.kv.paged import KVPool
 from engine.kv.radix import RadixCache
 from engine.scheduler import Scheduler, Sequence
@@ -93,3 +95,13 @@ def test_context_full_is_its_own_finish(tiny_model):
     e = load(tiny_model("qwen3_moe")[2], max_context=64)
     seq = run(Scheduler(e, set(), 1, 64), list(range(1, 60)), n=100)
     assert seq.finish == "context" and len(seq.tokens) == 64
+
+
+def test_request_the_pool_cannot_hold_fails_instead_of_waiting_forever(tiny_model):
+    """A pool whose pages another scheduler keeps (a bench's second mode): the one running request
+    cannot get room by preempting or evicting, so it says so rather than retrying each step."""
+    e = load(tiny_model("qwen3_moe")[2], kv_tokens=128)
+    keeper = Scheduler(e, set(), 1, 64)
+    run(keeper, list(range(1, 100)), n=1)                 # its prefix cache keeps these pages
+    with pytest.raises(UserError, match="KV cache is full"):
+        run(Scheduler(e, set(), 1, 64, prefix_cache=False), list(range(101, 200)), n=1)
