@@ -70,7 +70,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, len_ptr, sink_ptr, o_ptr, ml_ptr,
 def _combine_kernel(part_ptr, ml_ptr, o_ptr, D, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
                     BLOCK_D: tl.constexpr):
     row = tl.program_id(0)                                                 # b * Hq + h
-    offs_s, offs_d = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
+    offs_s, offs_d = tl.arange(0, BLOCK_S), tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     ms, md = offs_s < NSPLIT, offs_d < D
     m = tl.load(ml_ptr + (row * NSPLIT + offs_s) * 2, mask=ms, other=float("-inf"))
     l = tl.load(ml_ptr + (row * NSPLIT + offs_s) * 2 + 1, mask=ms, other=0.0)
@@ -79,6 +79,17 @@ def _combine_kernel(part_ptr, ml_ptr, o_ptr, D, NSPLIT: tl.constexpr, BLOCK_S: t
                    mask=ms[:, None] & md[None, :], other=0.0)               # [BLOCK_S, BLOCK_D]
     o = tl.sum(part * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(o_ptr + row * D + offs_d, o.to(o_ptr.dtype.element_ty), mask=md)
+
+
+def combine_splits(part: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> None:
+    """out [B, Hq, D] = the softmax-weighted merge of the splits' unnormalised outputs part
+    [B, Hq, n_split, D] (fp32) by their (running max in log2, sum) ml [B, Hq, n_split, 2].
+    A program merges one head's splits over a slice of D, its tile at most 4096 values."""
+    B, Hq, n_split, D = part.shape
+    block_s = triton.next_power_of_2(n_split)
+    block_d = min(triton.next_power_of_2(D), max(16, 4096 // block_s))
+    _combine_kernel[(B * Hq, triton.cdiv(D, block_d))](part, ml, out, D, NSPLIT=n_split, BLOCK_S=block_s,
+                                                       BLOCK_D=block_d)
 
 
 @triton.jit
@@ -165,9 +176,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         SINK=sinks is not None, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_N=block_n)
     if n_split > 1:
-        _combine_kernel[(B * Hq,)](part, ml, out, D, NSPLIT=n_split,
-                                   BLOCK_S=triton.next_power_of_2(n_split),
-                                   BLOCK_D=triton.next_power_of_2(D))
+        combine_splits(part, ml, out)
     return out
 
 
