@@ -2,18 +2,21 @@
 
 With the up-projections absorbed, every query head attends over the same cached latent rows
 (kv_lora_rank latent dims C, then the rope key's R dims), and the latents are also the values.
-Program (b, head block, split) runs an online softmax over its share of the sequence's tokens for
-BLOCK_H heads together: scores are two tl.dot (latent and rope parts, so neither is padded to
-C + R), and the output accumulates the latent tiles already loaded for the scores, so each cached
-row is read once per head block. Splits are merged by the GQA kernel's combine step. ctx_lens is
-read on the device only, so the launch can be captured in a CUDA graph."""
+Split-KV ("flash decoding"): program (head block, split, b) runs an online softmax over its span
+of the sequence's tokens for BLOCK_H heads together: scores are two tl.dot (latent and rope parts,
+so neither is padded to C + R), and the output accumulates the latent tiles already loaded for
+the scores, so each cached row is read once per head block. The head blocks of one span are
+neighbours in launch order, so their reads of the same rows meet in L2. The GQA kernel's
+combine_splits merges the splits. ctx_lens is read on the device only, and the grid depends on
+the batch, the page table's width and the SM count only, so the launch can be captured in a
+CUDA graph."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_triton import LOG2E, _combine_kernel
+from kernels.attention_triton import LOG2E, combine_splits
 
 
 @triton.jit
@@ -22,7 +25,7 @@ def _mla_split_kernel(q_ptr, kv_ptr, pt_ptr, len_ptr, o_ptr, ml_ptr, qk_scale, H
                       C: tl.constexpr, R: tl.constexpr, PAGE: tl.constexpr, NSPLIT: tl.constexpr,
                       PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
                       BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    b, hb, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hb, sp, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(len_ptr + b)
     head = hb * BLOCK_H + tl.arange(0, BLOCK_H)                           # [BLOCK_H] q heads
     offs_c, offs_r = tl.arange(0, BLOCK_C), tl.arange(0, BLOCK_R)
@@ -63,9 +66,12 @@ def _mla_split_kernel(q_ptr, kv_ptr, pt_ptr, len_ptr, o_ptr, ml_ptr, qk_scale, H
 
 def mla_decode_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.Tensor,
                          ctx_lens: torch.Tensor, scale: float, v_dim: int, n_split: int | None = None,
-                         block_n: int = 16, block_h: int = 16) -> torch.Tensor:
+                         block_n: int = 32, block_h: int = 32) -> torch.Tensor:
     """q [B, Hq, C + R] (latent-space queries, then rotary parts); kv_pool [P, page, 1, C + R] with
-    C = v_dim; page_table [B, max_pages] int32; ctx_lens [B] int32 on q's device -> [B, Hq, C]."""
+    C = v_dim; page_table [B, max_pages] int32; ctx_lens [B] int32 on q's device -> [B, Hq, C].
+
+    A program holds its heads' [block_h, C] fp32 accumulator in registers, so one 8-warp program
+    fits an SM at DeepSeek's C = 512; by default the splits fill one wave, a program per SM."""
     B, Hq, W = q.shape
     _, page, one, _ = kv_pool.shape
     C, R = v_dim, W - v_dim
@@ -73,31 +79,36 @@ def mla_decode_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: tor
     assert q.dtype == kv_pool.dtype, "q and the latent pool must share a dtype"
     block_n = max(16, min(block_n, triton.next_power_of_2(page_table.shape[1] * page)))
     n_blocks = triton.cdiv(page_table.shape[1] * page, block_n)            # token tiles at most
-    block_h = max(16, block_h)                                             # tl.dot's smallest M
+    block_h = max(16, min(block_h, triton.next_power_of_2(Hq)))            # tl.dot's smallest M is 16
     n_heads = triton.cdiv(Hq, block_h)
-    if n_split is None:                                                    # ~2 programs per SM
+    if n_split is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        n_split = min(triton.next_power_of_2(triton.cdiv(2 * sms, B * n_heads)), n_blocks)
+        n_split = max(1, sms // (B * n_heads))
+    n_split = min(n_split, n_blocks)
     chunk = triton.cdiv(n_blocks, n_split) * block_n                       # tokens per split
     out = torch.empty(B, Hq, C, dtype=q.dtype, device=q.device)
     part = out if n_split == 1 else torch.empty(B, Hq, n_split, C, device=q.device)
     ml = torch.empty(B, Hq, n_split, 2, device=q.device)                   # (max, sum) per split
-    _mla_split_kernel[(B, n_heads, n_split)](
+    _mla_split_kernel[(n_heads, n_split, B)](
         q, kv_pool, page_table, ctx_lens, part, ml, scale * LOG2E, Hq, chunk,
         q.stride(0), q.stride(1), kv_pool.stride(0), kv_pool.stride(1), page_table.stride(0),
         C=C, R=R, PAGE=page, NSPLIT=n_split, PREC="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_H=block_h, BLOCK_C=max(16, triton.next_power_of_2(C)),
         BLOCK_R=max(16, triton.next_power_of_2(R)), BLOCK_N=block_n, num_warps=4 if C <= 256 else 8)
     if n_split > 1:
-        _combine_kernel[(B * Hq,)](part, ml, out, C, NSPLIT=n_split, BLOCK_S=triton.next_power_of_2(n_split),
-                                   BLOCK_D=triton.next_power_of_2(C))
+        combine_splits(part, ml, out)
     return out
+
+
+# (block_h, block_n) tried by bench_mla; the first is mla_decode_attention's default
+TILES = [(32, 32), (16, 16), (16, 32), (16, 64), (32, 16)]
 
 
 def bench_mla(ctx: int = 4096, Hq: int = 128, C: int = 512, R: int = 64, page: int = 16,
               dtype: torch.dtype = torch.bfloat16, hbm_gbs: float = 4300.0) -> dict:
     """H200 timing for B = 1, 2, 4, 8 sequences of ctx tokens (DeepSeek-V3's 128 heads and 576-wide
-    latent rows): GB/s of latent bytes read vs HBM."""
+    latent rows): us, GB/s of latent bytes read and the share of HBM bandwidth at the default
+    tiles, and the us of every (block_h, block_n) in TILES beside."""
     from triton.testing import do_bench
     res = {}
     for B in (1, 2, 4, 8):
@@ -106,7 +117,11 @@ def bench_mla(ctx: int = 4096, Hq: int = 128, C: int = 512, R: int = 64, page: i
         pt = torch.randperm(B * n_pages, device="cuda", dtype=torch.int32).view(B, n_pages)
         lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
         q = torch.randn(B, Hq, C + R, device="cuda", dtype=dtype)
-        ms = do_bench(lambda: mla_decode_attention(q, kv, pt, lens, (192 ** -0.5), C))
+        tried = {f"h{bh} n{bn}": do_bench(lambda: mla_decode_attention(q, kv, pt, lens, (192 ** -0.5), C,
+                                                                       block_n=bn, block_h=bh)) * 1e3
+                 for bh, bn in TILES}
+        us = tried[f"h{TILES[0][0]} n{TILES[0][1]}"]
         nbytes = kv.numel() * kv.element_size()
-        res[B] = {"us": ms * 1e3, "GB/s": nbytes / ms / 1e6, "of_hbm": nbytes / ms / 1e6 / hbm_gbs}
+        res[B] = {"us": us, "GB/s": nbytes / us / 1e3, "of_hbm": nbytes / us / 1e3 / hbm_gbs,
+                  "tried_us": {k: round(v, 1) for k, v in tried.items()}}
     return res

@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 from engine.moe.layout import SlotLayout  # noqa: E402
 from kernels import ref  # noqa: E402
 from kernels.attention_triton import paged_decode_attention  # noqa: E402
-from kernels.mla_triton import mla_decode_attention  # noqa: E402
+from kernels.mla_triton import TILES, mla_decode_attention  # noqa: E402
 from kernels.moe_gemm_triton import moe_experts_gemm  # noqa: E402
 from kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
 from kernels.plan_triton import plan  # noqa: E402
@@ -415,18 +415,20 @@ def _mla_case(B, Hq, C, R, page, lens, dtype, gen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,Hq,C,R,page,lens,n_split", [
-    (3, 5, 32, 8, 4, [1, 13, 32], None), (3, 5, 32, 8, 4, [1, 13, 32], 1),
-    (2, 20, 48, 16, 16, [40, 7], 3), (1, 16, 64, 16, 8, [77], 2)])
-def test_mla_decode_attention_matches_ref(dtype, B, Hq, C, R, page, lens, n_split):
-    """Head blocks with a ragged tail (5, 20 heads), latent and rope widths that are not powers
-    of two, splits of the context, NaN in the unused rows of each last page."""
+@pytest.mark.parametrize("B,Hq,C,R,page,lens,n_split,block_h", [
+    (3, 5, 32, 8, 4, [1, 13, 32], None, 32), (3, 5, 32, 8, 4, [1, 13, 32], 1, 32),
+    (2, 20, 48, 16, 16, [40, 7], 3, 16), (1, 16, 64, 16, 8, [77], 2, 32),
+    (3, 36, 320, 24, 16, [200, 1, 90], 9, 16)])
+def test_mla_decode_attention_matches_ref(dtype, B, Hq, C, R, page, lens, n_split, block_h):
+    """Head blocks with a ragged tail (5, 20, 36 heads), latent and rope widths that are not powers
+    of two, splits of the context (some past a sequence's end; 9 splits of a 320-wide latent, which
+    the combine merges in two slices of the latent), NaN in the unused rows of each last page."""
     _need(dtype)
     gen = torch.Generator().manual_seed(5)
     q, kv, pt = _mla_case(B, Hq, C, R, page, lens, dtype, gen)
     scale = 0.3
     out = mla_decode_attention(q.to(DEV), kv.to(DEV), pt.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV),
-                               scale, C, n_split=n_split)
+                               scale, C, n_split=n_split, block_n=16, block_h=block_h)
     ref32 = ref.latent_attention(q.float(), kv.float(), pt, [1] * B, lens, scale, C)
     assert out.dtype == dtype and out.shape == (B, Hq, C)
     _close(out, ref32, dtype)
@@ -434,13 +436,34 @@ def test_mla_decode_attention_matches_ref(dtype, B, Hq, C, R, page, lens, n_spli
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_mla_decode_attention_deepseek_shape_gpu(dtype):
+@pytest.mark.parametrize("block_h,block_n", TILES)
+def test_mla_decode_attention_deepseek_shape_gpu(dtype, block_h, block_n):
+    """DeepSeek-V3's 128 heads over 512 + 64 latent rows at every tile setting bench_mla tries,
+    with the default split count (one wave of programs)."""
     gen = torch.Generator().manual_seed(6)
     lens = [4096, 1, 2500, 777]
     q, kv, pt = _mla_case(4, 128, 512, 64, 16, lens, dtype, gen)
     out = mla_decode_attention(q.to(DEV), kv.to(DEV), pt.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV),
-                               192 ** -0.5, 512)
+                               192 ** -0.5, 512, block_n=block_n, block_h=block_h)
     _close(out, ref.latent_attention(q.float(), kv.float(), pt, [1] * 4, lens, 192 ** -0.5, 512), dtype)
+
+
+@pytest.mark.gpu
+def test_mla_decode_attention_graph_gpu():
+    """Captured once in a CUDA graph, the launch follows the context lengths written into its
+    ctx_lens between replays (the split count is fixed by the batch and the page table's width)."""
+    gen = torch.Generator().manual_seed(7)
+    lens = [1000, 3, 517]
+    q, kv, pt = _mla_case(3, 128, 512, 64, 16, lens, torch.bfloat16, gen)
+    args = [t.to(DEV) for t in (q, kv, pt)] + [torch.tensor(lens, dtype=torch.int32, device=DEV), 192 ** -0.5, 512]
+    mla_decode_attention(*args)                                        # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mla_decode_attention(*args)
+    for now in (lens, [17, 1, 300]):
+        args[3].copy_(torch.tensor(now, dtype=torch.int32))
+        graph.replay()
+        _close(out, ref.latent_attention(q.float(), kv.float(), pt, [1] * 3, now, 192 ** -0.5, 512), torch.bfloat16)
 
 
 # ---------------------------------------------------------------- plan
