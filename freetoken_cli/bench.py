@@ -232,11 +232,11 @@ def agent(model: Optional[str] = ModelArg,
           out: Optional[Path] = Out):
     """An agent session, turn by turn: TTFT and reused tokens with reuse on and off (hybrid models:
     state checkpoints; others: the prefix cache)."""
-    from engine.bench.agent import Shape, run
+    from engine.bench.agent import Shape, context, run
     shape = Shape(system=system_tokens, queries=queries, steps=steps, response=response_tokens)
-    # the two modes' schedulers share one KV pool: room for a session's pages in each
-    cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, 32768, prefill_chunk=prefill_chunk,
-                        state_checkpoints=state_checkpoints, kv_tokens=2 * 32768)
+    n = context(shape)  # the two modes' schedulers share one KV pool: room for a session's pages in each
+    cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, n, prefill_chunk=prefill_chunk,
+                        state_checkpoints=state_checkpoints, kv_tokens=2 * n)
     runner = _load(cfg, model, synthetic, layers, None)
     rows: list[dict] = []
 
