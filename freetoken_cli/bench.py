@@ -234,9 +234,9 @@ def agent(model: Optional[str] = ModelArg,
     state checkpoints; others: the prefix cache)."""
     from engine.bench.agent import Shape, context, run
     shape = Shape(system=system_tokens, queries=queries, steps=steps, response=response_tokens)
-    n = context(shape)  # the two modes' schedulers share one KV pool: room for a session's pages in each
-    cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, n, prefill_chunk=prefill_chunk,
-                        state_checkpoints=state_checkpoints, kv_tokens=2 * n)
+    longest, distinct = context(shape)  # one KV pool for both modes: the session cached beside a turn
+    cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, longest, prefill_chunk=prefill_chunk,
+                        state_checkpoints=state_checkpoints, kv_tokens=longest + distinct)
     runner = _load(cfg, model, synthetic, layers, None)
     rows: list[dict] = []
 

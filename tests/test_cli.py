@@ -384,12 +384,13 @@ def test_serve_refuses_a_port_in_use_in_one_line(tiny_hf):
 
 def test_bench_agent_rows(tmp_path):
     """A hybrid model reuses checkpointed state on every turn after the first, even after the
-    edits (earlier thinking dropped, old tool results cleared); without checkpoints nothing."""
+    edits (earlier thinking dropped, old tool results cleared, the last turn's cut deepest in
+    the older turns); without checkpoints nothing."""
     out = tmp_path / "agent.json"
     r = cli("bench", "agent", "--synthetic", "tiny-hybrid", "--device", "cpu", "--system-tokens", 40,
-            "--response-tokens", 10, "--queries", 2, "--steps", 2, "--json", "--out", out)
+            "--response-tokens", 10, "--queries", 2, "--steps", 3, "--json", "--out", out)
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["rows"]
-    assert rows == json.loads(out.read_text())["rows"] and len(rows) == 6
+    assert rows == json.loads(out.read_text())["rows"] and len(rows) == 8
     assert rows[0]["reuse"] == "state checkpoints" and all(r["reused_off"] == 0 for r in rows)
     assert rows[0]["reused_on"] == 0 and all(r["reused_on"] > 40 for r in rows[1:])

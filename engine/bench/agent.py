@@ -83,9 +83,17 @@ def session(v: Vocab, s: Shape) -> list[tuple[list[int], list[int]]]:
     return turns
 
 
-def context(shape: Shape) -> int:
-    """Tokens of the session's longest turn, prompt and answer."""
-    return max(len(prompt) + len(answer) for prompt, answer in session(Vocab(16), shape))
+def context(shape: Shape) -> tuple[int, int]:
+    """(tokens of the session's longest turn, prompt and answer; distinct tokens of all turns: what
+    a prefix cache holding every turn keeps)."""
+    seen, longest, distinct = [], 0, 0
+    for prompt, answer in session(Vocab(16), shape):
+        t = prompt + answer
+        shared = max((next((i for i, (a, b) in enumerate(zip(t, u)) if a != b), min(len(t), len(u)))
+                      for u in seen), default=0)
+        seen.append(t)
+        longest, distinct = max(longest, len(t)), distinct + len(t) - shared
+    return longest, distinct
 
 
 def replay_turn(runner: ModelRunner, sched: Scheduler, prompt: list[int], answer: list[int]) -> dict:
@@ -102,8 +110,9 @@ def replay_turn(runner: ModelRunner, sched: Scheduler, prompt: list[int], answer
 
 
 def run(runner: ModelRunner, shape: Shape, say=lambda row: None) -> list[dict]:
-    """Both modes take turns on each turn of one session, their schedulers on one KV pool (room
-    for two sessions: engine.bench.agent.context); say(row) after each turn."""
+    """Both modes take turns on each turn of one session, their schedulers on one KV pool (room for
+    every turn's pages in the reuse mode's cache beside one turn without: `context`); say(row)
+    after each turn."""
     v = Vocab(runner.cfg.vocab_size)
     hybrid = runner.states is not None
     modes = {"on": Scheduler(runner, set(), 1, runner.prefill_chunk, anchors=v.anchors()),
@@ -112,8 +121,6 @@ def run(runner: ModelRunner, shape: Shape, say=lambda row: None) -> list[dict]:
     for i, (prompt, answer) in enumerate(session(v, shape)):
         row = {"turn": i + 1, "prompt_tokens": len(prompt), "reuse": "state checkpoints" if hybrid else "prefix cache"}
         for mode, sched in modes.items():
-            if sched.prefix is None:  # a server's one cache would give back its oldest pages: so does on's
-                modes["on"].prefix.make_room(-(-(len(prompt) + len(answer)) // runner.kv.page_size) + 1)
             row.update({f"{k}_{mode}": v for k, v in replay_turn(runner, sched, prompt, answer).items()})
         rows.append(row)
         say(row)
