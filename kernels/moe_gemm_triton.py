@@ -21,10 +21,12 @@ from kernels.ref import SILU, ExpertAct, ExpertBias
 
 
 @triton.jit
-def e2m1(c):
-    """E2M1 of the low nibble of c, times 2**-126: the nibble's sign, exponent and mantissa bits
-    placed as a float32's (exponent 0 is the subnormal 0.5 * 2**-126, as E2M1's is 0.5)."""
-    return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+def e2m1(c, P: tl.constexpr):
+    """E2M1 of the nibble at bits 4P..4P+3 of the int32 c, times 2**-126: the nibble shifted to
+    the top (sign at bit 31), then arithmetically right by 6 (exponent and mantissa at bits
+    22-24, the sign copied down to bit 25) and masked: a float32's bits (exponent 0 is the
+    subnormal 0.5 * 2**-126, as E2M1's is 0.5). Three integer ops; -0x7E400000 is 0x81C00000."""
+    return (((c << (28 - 4 * P)) >> 6) & -0x7E400000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -60,7 +62,7 @@ def _w_tile(q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, FMT: tl.c
         if PACK == 2:                                    # even k in the low nibble
             c = tl.reshape(tl.join(c & 15, c >> 4), [R, BLOCK_K])
         if FMT == "mxfp4":
-            v = e2m1(c) * (2.0 ** 126)
+            v = e2m1(c, 0) * (2.0 ** 126)
         else:                                            # float bits of 2**23 + code
             v = (c | 0x4B000000).to(tl.float32, bitcast=True)
     SG: tl.constexpr = BLOCK_K // GK

@@ -60,7 +60,7 @@ def _word_dots(w, x, z, FMT: tl.constexpr):
     """[R, SG]: sum over the codes of the int32 words w [R, SG, GW] (code j of a word in its j-th
     4 or 8 bits) of (code - z) * x, x [SG, GW, codes per word] fp32, z [R, SG] (int formats).
     Per code: one LOP3 and two FFMA for int4 / int8 (codes stay at their bit positions, so one
-    shift serves several); shifts, masks and one FFMA for mxfp4 (x scaled by 2**63)."""
+    shift serves several); three integer ops and one FFMA for mxfp4 (x scaled by 2**63)."""
     if FMT == "int8":
         x0, x1, x2, x3 = _planes(x, 4)
         zz = z[:, :, None]
@@ -85,14 +85,14 @@ def _word_dots(w, x, z, FMT: tl.constexpr):
         t += _at(u, 0xF0000, 16, c16) * x7[None]
     else:
         x0, x1, x2, x3, x4, x5, x6, x7 = _planes(x * _MX, 8)
-        t = e2m1(w) * x0[None]
-        t += e2m1(w >> 4) * x1[None]
-        t += e2m1(w >> 8) * x2[None]
-        t += e2m1(w >> 12) * x3[None]
-        t += e2m1(w >> 16) * x4[None]
-        t += e2m1(w >> 20) * x5[None]
-        t += e2m1(w >> 24) * x6[None]
-        t += e2m1(w >> 28) * x7[None]
+        t = e2m1(w, 0) * x0[None]
+        t += e2m1(w, 1) * x1[None]
+        t += e2m1(w, 2) * x2[None]
+        t += e2m1(w, 3) * x3[None]
+        t += e2m1(w, 4) * x4[None]
+        t += e2m1(w, 5) * x5[None]
+        t += e2m1(w, 6) * x6[None]
+        t += e2m1(w, 7) * x7[None]
     return tl.sum(t, axis=2)
 
 
