@@ -49,7 +49,7 @@ enum Mode { DP_BF16 = 0, AVX2 = 1, SCALAR = 2, AVX512 = 3, AVX512_BF16Q = 4 };
 enum Act { A_F32 = 0, A_BF16 = 1, A_BF16X2 = 2 };
 constexpr int R1 = 16;  // gate/up row pairs per phase-1 unit (128 KiB of bf16 weights at H=2048)
 constexpr int R2 = 16;  // down rows per phase-2 unit, over every expert of the job
-constexpr int RC = 16;  // routes per call of a row kernel
+constexpr int RC = 8;   // routes per call of a row kernel
 
 // One bank [E, N, K] of expert matrices, each expert's parts contiguous (cpu_executor._Mat).
 struct Mat {
@@ -345,24 +345,39 @@ using V = V512;
 #pragma GCC pop_options
 
 #define BF16_T __attribute__((target("avx512f,avx512bw,avx512bf16")))
-BF16_T float dot_dpbf16(const void* w, const void* x, int n) {  // bf16 x bf16 pairs -> fp32
-  auto wp = static_cast<const uint16_t*>(w), xp = static_cast<const uint16_t*>(x);
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+// RowsFn of bf16 rows and bf16 activations (bf16 pairs -> fp32 by VDPBF16PS): the row's dots with
+// up to NB activation rows at once, each with two accumulators (even and odd 32-column steps). One
+// dot alone is bound by the latency of its two accumulator chains; NB of them share the weight
+// loads and keep 2 * NB chains in flight; each result is the same as the dot's alone.
+template <int NB> BF16_T void dpbf16_block(const uint16_t* wp, const uint16_t* const* xp, int n, float* out) {
+  __m512 a0[NB], a1[NB];
+  for (int r = 0; r < NB; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
   int i = 0;
   for (; i + 64 <= n; i += 64) {
     const char* ahead = reinterpret_cast<const char*>(wp + i) + 4096;  // see dot_avx2
     _mm_prefetch(ahead, _MM_HINT_T0), _mm_prefetch(ahead + 64, _MM_HINT_T0);
-    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(wp + i),
-                          (__m512bh)_mm512_loadu_si512(xp + i));
-    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(wp + i + 32),
-                          (__m512bh)_mm512_loadu_si512(xp + i + 32));
+    __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp + i), w1 = (__m512bh)_mm512_loadu_si512(wp + i + 32);
+    for (int r = 0; r < NB; ++r) {
+      a0[r] = _mm512_dpbf16_ps(a0[r], w0, (__m512bh)_mm512_loadu_si512(xp[r] + i));
+      a1[r] = _mm512_dpbf16_ps(a1[r], w1, (__m512bh)_mm512_loadu_si512(xp[r] + i + 32));
+    }
   }
   for (; i < n; i += 32) {  // masked tail: zeroed lanes add nothing
     __mmask32 m = n - i >= 32 ? 0xffffffffu : (1u << (n - i)) - 1;
-    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, wp + i),
-                          (__m512bh)_mm512_maskz_loadu_epi16(m, xp + i));
+    __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(m, wp + i);
+    for (int r = 0; r < NB; ++r)
+      a0[r] = _mm512_dpbf16_ps(a0[r], w0, (__m512bh)_mm512_maskz_loadu_epi16(m, xp[r] + i));
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  for (int r = 0; r < NB; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+}
+
+BF16_T void rows_dpbf16(const Row& w, const void* const* x, int nx, float* out) {
+  auto wp = reinterpret_cast<const uint16_t*>(w.q);
+  auto xp = reinterpret_cast<const uint16_t* const*>(x);
+  int i = 0;
+  for (; i + 4 <= nx; i += 4) dpbf16_block<4>(wp, xp + i, w.K, out + i);
+  for (; i + 2 <= nx; i += 2) dpbf16_block<2>(wp, xp + i, w.K, out + i);
+  if (i < nx) dpbf16_block<1>(wp, xp + i, w.K, out + i);
 }
 
 // ---- int4 and mxfp4 rows through the AVX-512 BF16 dot products ----
@@ -477,7 +492,7 @@ Kernel kernel(int mode, const Mat& m) {
     }
     return {nullptr, 0};
   }
-  if (mode == DP_BF16) return {m.fmt == BF16 ? frows<dot_dpbf16> : nullptr, 0, A_BF16};
+  if (mode == DP_BF16) return {m.fmt == BF16 ? rows_dpbf16 : nullptr, 0, A_BF16};
   return {mode == SCALAR ? scalarf[m.fmt] : avx2f[m.fmt], 0};
 }
 
@@ -525,8 +540,9 @@ void unit1(Job& J, int u) {
   const Rows gu(J.gu, e, J.H);
   const float* bgu = bias(J.gu, e);
   float a[RC], b[RC];
-  for (int j = j0; j < j1; ++j)  // routes innermost: one weight row serves every token (L1 hit)
-    for (int r0 = J.gstart[g]; r0 < J.gstart[g + 1]; r0 += RC) {
+  // RC routes' x rows stay in L1 while the unit's weight rows (R1 gate/up pairs, from L2) meet them
+  for (int r0 = J.gstart[g]; r0 < J.gstart[g + 1]; r0 += RC)
+    for (int j = j0; j < j1; ++j) {
       int n = std::min(RC, J.gstart[g + 1] - r0);
       J.kgu.fn(gu(j), &J.xr[r0], n, a);
       J.kgu.fn(gu(J.I + j), &J.xr[r0], n, b);
