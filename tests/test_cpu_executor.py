@@ -77,11 +77,12 @@ def test_matches_reference(ex, dtype, tol, T, K):
     check_parity(ex, dtype, tol, T, K)
 
 
-def test_a_token_gets_the_same_bits_alone_and_among_many(ex):
-    """The row kernels take several routes of an expert at once (bf16: blocks of 4, 2 and 1):
-    each token's output is exactly what a job of that token alone gives."""
-    H, I = 200, 72
-    gu, down = make_bank(H, I, torch.bfloat16)
+@pytest.mark.parametrize("fmt,group", [("bf16", 0), ("int4", 64), ("mxfp4", 32)])
+def test_a_token_gets_the_same_bits_alone_and_among_many(ex, fmt, group):
+    """The row kernels take several routes of an expert at once (blocks of 4, 2 and 1): each
+    token's output is exactly what a job of that token alone gives."""
+    H, I = (200, 72) if fmt == "bf16" else (256, 128)
+    gu, down = make_bank(H, I, torch.bfloat16) if fmt == "bf16" else make_qbank(fmt, H, I, group)
     x, ids, w = make_routes(37, 8, torch.int64, torch.bfloat16, H)
     out = torch.empty(37, H)
     ex.run(x, gu, down, ids, w, out)

@@ -463,6 +463,7 @@ template <int F, bool LO>
 void rows(const Row& w, const void* const* x, int nx, float* out) {
   auto xh = reinterpret_cast<const uint16_t* const*>(x);
   int i = 0;
+  for (; i + 4 <= nx; i += 4) qrow<F, 4, LO>(w, xh + i, out + i);
   for (; i + 2 <= nx; i += 2) qrow<F, 2, LO>(w, xh + i, out + i);
   if (i < nx) qrow<F, 1, LO>(w, xh + i, out + i);
 }
