@@ -3,7 +3,7 @@ route) of jobs whose T tokens all route to the same 8 experts (T routes each), c
 experts (beyond the caches), per weight format and thread count; the median of three 0.5 s runs.
 Batch decode with several streams and short prefill chunks give the executor such jobs.
 
-    PYTHONPATH=$PWD python benchmarks/cpu_routes.py [--threads 1,2] [--formats bf16,int4]
+    PYTHONPATH=$PWD python benchmarks/cpu_routes.py [--threads 1,2] [--formats bf16,int4] [--backend avx2_fma]
 """
 from __future__ import annotations
 
@@ -35,12 +35,13 @@ if __name__ == "__main__":
     ap.add_argument("--threads", default="1")
     ap.add_argument("--formats", default="bf16,int4")
     ap.add_argument("--tokens", default="1,4,8,16,32,64")
+    ap.add_argument("--backend", default=None, help="a CPUExecutor backend (default: the fastest this CPU has)")
     a = ap.parse_args()
     res = {}
     for fmt in a.formats.split(","):
         gu, down = _constant_bank(fmt, N_EXPERTS, HIDDEN, INTER, 128)
         for threads in map(int, a.threads.split(",")):
-            ex = CPUExecutor(threads)
+            ex = CPUExecutor(threads, a.backend)
             try:
                 for t in map(int, a.tokens.split(",")):
                     res[f"{fmt} threads={threads} T={t}"] = round(statistics.median(gflops(ex, gu, down, t) for _ in range(3)), 1)
