@@ -63,8 +63,8 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        # built on the meta device to be assigned: a given weight skips the random init, whose meta
-        # version imports torch's Python reference ops (~850 modules, seconds at every start)
+        # built on the meta device to be assigned: a given weight skips the random init, which on
+        # the meta device imports torch._dynamo (~900 modules, seconds at every start)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         index = lambda ids: {layer: i for i, layer in enumerate(ids)}  # noqa: E731
