@@ -21,7 +21,7 @@ from engine.scheduler import Scheduler, Sequence
 
 @dataclass(frozen=True)
 class Shape:
-    system: int = 2000          # tokens of the system prompt
+    system: int = 16000         # tokens of the system prompt (a coding agent's, with its tools)
     queries: int = 2            # user queries
     steps: int = 3              # tool calls per query
     user: int = 40
