@@ -238,6 +238,9 @@ def agent(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, longest, prefill_chunk=prefill_chunk,
                         state_checkpoints=state_checkpoints, kv_tokens=longest + distinct)
     runner = _load(cfg, model, synthetic, layers, None)
+    from engine.profile import load_or_measure
+    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
+    runner.runtime.qstar.use_profile(prof)  # q* and the prefill's link estimate, as `run` and `serve` have them
     rows: list[dict] = []
 
     def say(r: dict) -> None:
@@ -247,10 +250,10 @@ def agent(model: Optional[str] = ModelArg,
                    f"{r['moved_gib_off']:.2f} GiB, CPU {r['cpu_gib_off']:.2f} GiB, streamed {r['streamed_off']})", err=True)
         rows.append(r)
         if out:
-            out.write_text(json.dumps({"rows": rows}, indent=1))
+            out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
     run(runner, shape, say)
     if as_json:
-        typer.echo(json.dumps({"rows": rows}))
+        typer.echo(json.dumps({"rows": rows, "profile": prof}))
         return
     from rich.console import Console
     from rich.table import Table

@@ -390,7 +390,8 @@ def test_bench_agent_rows(tmp_path):
     r = cli("bench", "agent", "--synthetic", "tiny-hybrid", "--device", "cpu", "--system-tokens", 40,
             "--response-tokens", 10, "--queries", 2, "--steps", 3, "--json", "--out", out)
     assert r.exit_code == 0, r.output
-    rows = json.loads(r.stdout)["rows"]
+    rows, prof = json.loads(r.stdout)["rows"], json.loads(r.stdout)["profile"]
     assert rows == json.loads(out.read_text())["rows"] and len(rows) == 8
+    assert prof["cpu_expert_gbps"] > 0  # the engine ran under the machine profile, as `run` does
     assert rows[0]["reuse"] == "state checkpoints" and all(r["reused_off"] == 0 for r in rows)
     assert rows[0]["reused_on"] == 0 and all(r["reused_on"] > 40 for r in rows[1:])
