@@ -46,7 +46,7 @@ def run(runner: ModelRunner, base: EngineConfig, modes: list[str], lengths: list
     for mode in modes:
         cfg = replace(base, prefill_mode=mode)
         rt = rebuild_experts(runner, runner.runtime.store, cfg)
-        rt.qstar.use_profile(prof, concurrent=False)
+        rt.qstar.use_profile(prof)  # as `run` and `serve` have it
         sched = Scheduler(runner, set(), 1, runner.prefill_chunk)
         ttft(runner, sched, torch.randint(0, vocab, (min(lengths),), generator=g).tolist())  # warm-up
         for n in lengths:
