@@ -97,3 +97,25 @@ def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
     st.end()
     st.begin(10)                                          # a chunk of 10 tokens after one of 100
     assert st.estimate() == pytest.approx(2e-3)
+
+
+def test_streaming_over_many_layers_with_a_partial_cache_matches_plain_prefill(tmp_path):
+    """Seven layers, a cache of four layers' experts (every chunk reserves the two buffers from it,
+    so layers alternate between buffered with some experts resident and routed), a short request
+    between prompts: every prompt's logits, and a follow-up's, are plain prefill's."""
+    import tiny
+
+    from engine.convert import convert
+    tiny.build("qwen3_moe", tmp_path / "hf", num_hidden_layers=7)
+    convert(tmp_path / "hf", tmp_path / "ftw")
+    full = load(tmp_path / "ftw")
+    slot = full.runtime.store.layout.slot_bytes
+    g = torch.Generator().manual_seed(15)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (96, 160, 80)]
+    for mode in ("adaptive", "stream"):
+        e = load(tmp_path / "ftw", prefill_mode=mode, moe_policy="fetch", expert_budget=32 * slot)
+        e.runtime.qstar.start(1e6, 1.0)  # a fast link: adaptive streams whenever an expert misses
+        for p in prompts:
+            assert torch.equal(prefill_logits(e, p), prefill_logits(full, p)), (mode, len(p))
+            greedy(e, p[:5], 2)
+        assert e.runtime.cache.stats.stream_layers > 0 and e.runtime.streamer.slots is None
