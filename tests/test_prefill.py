@@ -2,7 +2,7 @@
 the bandwidth model; every mode gives the logits of plain prefill."""
 import pytest
 import torch
-from conftest import load, prefill_logits
+from conftest import greedy, load, prefill_logits
 
 
 def empty_cache(runner):
