@@ -1,7 +1,8 @@
 """The CPU executor's compute with several routes per expert: GFLOP/s (6 * hidden * inter per
 route) of jobs whose T tokens all route to the same 8 experts (T routes each), cycling through 48
-experts (beyond the caches), per weight format and thread count; the median of three 0.5 s runs.
-Batch decode with several streams and short prefill chunks give the executor such jobs.
+experts (beyond the caches), per weight format and thread count; the median of three 0.5 s runs
+of kernels.cpu_executor.expert_gbps. Batch decode with several streams and short prefill chunks
+give the executor such jobs.
 
     PYTHONPATH=$PWD python benchmarks/cpu_routes.py [--threads 1,2] [--formats bf16,int4] [--backend avx2_fma]
 """
@@ -10,25 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
-import torch
-
-from kernels.cpu_executor import CPUExecutor, _constant_bank
+from kernels.cpu_executor import expert_bytes, expert_gbps
 
 HIDDEN, INTER, N_EXPERTS = 2048, 768, 48
-
-
-def gflops(ex: CPUExecutor, gu, down, tokens: int, seconds: float = 0.5) -> float:
-    x, out, w = torch.randn(tokens, HIDDEN).bfloat16().float(), torch.empty(tokens, HIDDEN), torch.full((tokens, 8), 1 / 8)
-    i, busy, t0 = 0, 0.0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        ids = (torch.arange(8) + i).remainder(N_EXPERTS).view(1, 8).expand(tokens, 8).contiguous()
-        job = ex.submit(x, gu, down, ids, w, out)
-        job.wait()
-        busy, i = busy + job.seconds, i + 8
-    return i * tokens * 6 * HIDDEN * INTER / busy / 1e9
-
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -39,13 +25,12 @@ if __name__ == "__main__":
     a = ap.parse_args()
     res = {}
     for fmt in a.formats.split(","):
-        gu, down = _constant_bank(fmt, N_EXPERTS, HIDDEN, INTER, 128)
+        per_expert = expert_bytes(fmt, (HIDDEN, INTER))
         for threads in map(int, a.threads.split(",")):
-            ex = CPUExecutor(threads, a.backend)
-            try:
-                for t in map(int, a.tokens.split(",")):
-                    res[f"{fmt} threads={threads} T={t}"] = round(statistics.median(gflops(ex, gu, down, t) for _ in range(3)), 1)
-                    print(f"{fmt} threads={threads} T={t}: {res[f'{fmt} threads={threads} T={t}']} GFLOP/s", flush=True)
-            finally:
-                ex.close()
+            for t in map(int, a.tokens.split(",")):
+                gbps = statistics.median(expert_gbps(fmt, threads, 0.5, N_EXPERTS * per_expert, (HIDDEN, INTER),
+                                                     backend=a.backend, tokens=t) for _ in range(3))
+                key = f"{fmt} threads={threads} T={t}"
+                res[key] = round(gbps * 1e9 / per_expert * t * 6 * HIDDEN * INTER / 1e9, 1)
+                print(f"{key}: {res[key]} GFLOP/s", flush=True)
     print(json.dumps(res))

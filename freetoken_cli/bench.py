@@ -53,7 +53,6 @@ def decode(model: Optional[str] = ModelArg,
     from engine.bench.decode import context_for, run
     from engine.bench.threads import Census
     from engine.config import parse_policy
-    from engine.profile import load_or_measure
     from engine.config import parse_size
     policies = [p.strip() for p in moe_policy.split(",") if p.strip()]
     for p in policies:
@@ -75,7 +74,7 @@ def decode(model: Optional[str] = ModelArg,
         from engine.errors import UserError
         raise UserError(f"--depth {max(depths)} needs {max_context} tokens of context with --tokens {tokens}, but the "
                         f"model holds {runner.max_context}; lower --depth")
-    prof = load_or_measure(threads[0], say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
+    prof = _profile(runner, threads[0])
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
     census = Census()
@@ -118,7 +117,6 @@ def prefill(model: Optional[str] = ModelArg,
     from engine.bench.prefill import run
     from engine.dist import one_rank
     from engine.moe.prefill import PREFILL_MODES
-    from engine.profile import load_or_measure
     one_rank("bench prefill")
     modes = [m.strip() for m in mode.split(",")]
     from engine.errors import UserError
@@ -128,7 +126,7 @@ def prefill(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
                         prefill_chunk=prefill_chunk)
     runner = _load(cfg, model, synthetic, layers, quant)
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
+    prof = _profile(runner, cpu_threads)
     rows = run(runner, cfg, modes, sizes, follow_up, prof)
     if out:
         out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
@@ -165,15 +163,13 @@ def startup(model: Optional[str] = ModelArg,
     import psutil
     from engine.bench.startup import read_speed, report
     from engine.dist import one_rank
-    from engine.profile import load_or_measure
     one_rank("bench startup")
     started, imported = psutil.Process().create_time(), time.time()
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
     runner = _load(cfg, model, synthetic, layers, quant)
     t0 = time.perf_counter()
     if cfg.moe_policy == "adaptive":  # as `run` does
-        runner.runtime.qstar.use_profile(load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True),
-                                                         fmt=runner.runtime.store.layout.dtype))
+        runner.runtime.qstar.use_profile(_profile(runner, cpu_threads))
     r = report(runner, started, imported, time.perf_counter() - t0, prompt_tokens,
                read_speed(runner.path) if runner.path else None)
     if out:
@@ -238,8 +234,7 @@ def agent(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, longest, prefill_chunk=prefill_chunk,
                         state_checkpoints=state_checkpoints, kv_tokens=longest + distinct)
     runner = _load(cfg, model, synthetic, layers, None)
-    from engine.profile import load_or_measure
-    prof = load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
+    prof = _profile(runner, cpu_threads)
     runner.runtime.qstar.use_profile(prof)  # q* and the prefill's link estimate, as `run` and `serve` have them
     rows: list[dict] = []
 
@@ -264,6 +259,12 @@ def agent(model: Optional[str] = ModelArg,
         t.add_row(str(r["turn"]), str(r["prompt_tokens"]), str(r["reused_on"]), f"{r['ttft_s_on']:.3f}",
                   str(r["reused_off"]), f"{r['ttft_s_off']:.3f}", f"{r['ttft_s_off'] / r['ttft_s_on']:.2f}x")
     Console(width=max(120, Console().width)).print(t)
+
+
+def _profile(runner, cpu_threads: Optional[int]) -> dict:
+    """This machine's profile for the runner's expert format (measured quickly if none is saved)."""
+    from engine.profile import load_or_measure
+    return load_or_measure(cpu_threads, say=lambda m: typer.echo(m, err=True), fmt=runner.runtime.store.layout.dtype)
 
 
 def _ints(text: str, option: str) -> list[int]:

@@ -372,25 +372,33 @@ def _constant_bank(fmt: str, n_experts: int, hidden: int, inter: int, group: int
     return tuple(qweight(n, k) for n, k in shapes)
 
 
+def expert_bytes(fmt: str, shape: tuple[int, int] = (2048, 768), group: int = 128) -> int:
+    """Bytes of one expert of shape (hidden, moe_intermediate) in a weight format (of a quantized
+    one: its codes, scales and zero points)."""
+    return sum(w.nbytes_per_slot if isinstance(w, QWeight) else w[0].nbytes
+               for w in _constant_bank(fmt, 1, *shape, group))
+
+
 def expert_gbps(fmt: str, threads: int | None = None, seconds: float = 1.0, bank_bytes: int = 1 << 30,
-                shape: tuple[int, int] = (2048, 768), group: int = 128, backend: str | None = None) -> float:
+                shape: tuple[int, int] = (2048, 768), group: int = 128, backend: str | None = None,
+                tokens: int = 1) -> float:
     """B_H of one weight format (fp32, bf16, fp16 or a kernels.quant format): GB/s of expert bytes
-    (of a quantized format: its codes, scales and zero points) that the executor with `threads`
-    threads reads at batch 1, in steps of 8 distinct experts of shape (hidden, moe_intermediate)
-    cycling through bank_bytes of experts (make that exceed the CPU caches), timed by the
-    executor's own clock from submit to retire; `backend` as CPUExecutor's."""
+    that the executor with `threads` threads reads, in jobs of `tokens` tokens (1: batch 1) that
+    all route to the same 8 distinct experts of shape (hidden, moe_intermediate), cycling through
+    bank_bytes of experts (make that exceed the CPU caches), timed by the executor's own clock
+    from submit to retire; `backend` as CPUExecutor's."""
     hidden, inter = shape
-    one = _constant_bank(fmt, 1, hidden, inter, group)
-    per_expert = sum(w.nbytes_per_slot if isinstance(w, QWeight) else w[0].nbytes for w in one)
+    per_expert = expert_bytes(fmt, shape, group)
     n = max(8, -(-bank_bytes // per_expert))
     gu, down = _constant_bank(fmt, n, hidden, inter, group)
     ex = CPUExecutor(threads, backend)
     try:
         # the activations of a bf16 model (int4 and mxfp4 through the BF16 dot products read half of them)
-        x, out, w = torch.randn(1, hidden).bfloat16().float(), torch.empty(1, hidden), torch.full((1, 8), 1 / 8)
+        x, out = torch.randn(tokens, hidden).bfloat16().float(), torch.empty(tokens, hidden)
+        w = torch.full((tokens, 8), 1 / 8)
         i, busy, t0 = 0, 0.0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            job = ex.submit(x, gu, down, (torch.arange(8) + i).remainder(n).view(1, 8), w, out)
+            job = ex.submit(x, gu, down, (torch.arange(8) + i).remainder(n).expand(tokens, 8).contiguous(), w, out)
             job.wait()
             busy, i = busy + job.seconds, i + 8
     finally:

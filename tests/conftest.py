@@ -79,15 +79,28 @@ def load(ftw: Path, **kw):
     return load_runner(EngineConfig(model=str(ftw), device=kw.pop("device", DEVICE[0]), **kw), ftw)
 
 
+def together(sched, prompts: list[list[int]], n: int, **params) -> list:
+    """The prompts as sequences of n new tokens each (params: more SamplingParams), added to
+    `sched` at once and stepped until every one ends."""
+    from engine.config import SamplingParams
+    from engine.scheduler import Sequence
+    seqs = [Sequence(p, SamplingParams(max_tokens=n, **params)) for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    while not all(s.finish for s in seqs):
+        sched.step()
+    return seqs
+
+
+def run(sched, tokens: list[int], n: int = 6, **params):
+    """One sequence of n new tokens through `sched`, to its end."""
+    return together(sched, [tokens], n, **params)[0]
+
+
 def greedy(runner, prompt: list[int], n: int) -> list[int]:
     """n greedy tokens through the scheduler (no tokenizer needed)."""
-    from engine.config import SamplingParams
-    from engine.scheduler import Scheduler, Sequence
-    sched = Scheduler(runner, set(), 1, 2048, prefix_cache=False)
-    seq = Sequence(prompt, SamplingParams(max_tokens=n, temperature=0))
-    sched.add(seq)
-    while not seq.finish:
-        sched.step()
+    from engine.scheduler import Scheduler
+    seq = run(Scheduler(runner, set(), 1, 2048, prefix_cache=False), prompt, n, temperature=0)
     runner.runtime.sync_stats()  # graph decode counts on the device
     return seq.output
 

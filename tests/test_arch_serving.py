@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-import time
 
 import openai
 import pytest
 import tiny
 from test_cli import cli
-from test_server import DEMO, KEY, MODEL, OAI_TOOL, Live, _free_port, force, wait_ready
+from test_server import DEMO, KEY, MODEL, OAI_TOOL, Live, force, listening, wait_ready
 
 # a GLM-4.5-like template: its tool-call markup is what picks the glm45 parser
 GLM_TEMPLATE = (
@@ -44,24 +42,16 @@ def test_run_converts_and_generates(hf):
 
 @pytest.fixture(scope="module")
 def live(hf):
-    import uvicorn
-
     from engine.config import EngineConfig
     from engine.llm import LLM
     from engine.server.app import create_app
     arch, d = hf
     app = create_app(lambda progress: LLM(EngineConfig(model=str(d), device="cpu", max_context=1024), progress),
                      MODEL, api_key=KEY, allow_forced_output=True)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    srv = Live(app, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}")
-    wait_ready(srv)
-    yield arch, srv
-    server.should_exit = True
-    thread.join(30)
+    with listening(app) as port:
+        srv = Live(app, f"http://127.0.0.1:{port}")
+        wait_ready(srv)
+        yield arch, srv
 
 
 def test_serve_answers_in_each_models_format(live):

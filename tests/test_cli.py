@@ -2,10 +2,8 @@
 --json, and one-line errors with a non-zero exit code for every mistake a user can make."""
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,27 +104,18 @@ def test_piped_stdin_prints_only_the_answer(tiny_hf):
 @contextmanager
 def serving(model: Path, **options):
     """A live `freetoken serve` of MODEL on a free loopback port: (its Server, the port)."""
-    import uvicorn
+    from test_server import listening
 
     from engine.config import EngineConfig
     from engine.llm import LLM
     from engine.server.app import create_app
     app = create_app(lambda progress: LLM(EngineConfig(model=str(model), device="cpu"), progress), "tiny", **options)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    state, deadline = app.state.server, time.time() + 300
-    while state.batcher is None and state.error is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert state.batcher is not None and server.started, state.error
-    try:
+    with listening(app) as port:
+        state, deadline = app.state.server, time.time() + 300
+        while state.batcher is None and state.error is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert state.batcher is not None, state.error
         yield state, port
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def test_run_through_a_running_server_gives_the_in_process_tokens(tiny_hf, monkeypatch, capsys):

@@ -491,8 +491,10 @@ def test_quantized_bad_expert_id_and_validation(ex, ex_torch):
 
 @pytest.mark.parametrize("fmt", ["bf16", "int4", "int8", "fp8", "mxfp4"])
 def test_expert_gbps_probe(fmt):
-    gbps = cpu_executor.expert_gbps(fmt, threads=1, seconds=0.05, bank_bytes=1 << 20, shape=(64, 32), group=32)
-    assert gbps > 0
+    for tokens in (1, 5):  # batch 1, and five routes per expert
+        gbps = cpu_executor.expert_gbps(fmt, threads=1, seconds=0.05, bank_bytes=1 << 20, shape=(64, 32), group=32,
+                                        tokens=tokens)
+        assert gbps > 0
     with pytest.raises(ValueError, match="supported"):
         cpu_executor.expert_gbps("int3", threads=1, seconds=0.01)
 

@@ -4,13 +4,12 @@ context edit restores the deepest checkpoint its prompt continues and gets the l
 re-prefill; the pool's bound and LRU eviction; preemption on the shared KV pool."""
 import pytest
 import torch
-from conftest import greedy, load, prefill_logits
+from conftest import greedy, load, prefill_logits, run, together
 from test_parity import rel_err
 
-from engine.config import SamplingParams
 from engine.kv.anchors import Anchors
 from engine.kv.batch import ForwardBatch
-from engine.scheduler import Scheduler, Sequence
+from engine.scheduler import Scheduler
 
 POLICIES = ["fetch", "cpu", "adaptive", "static:1"]
 IM_START, IM_END, THINK, END_THINK, CALL, END_CALL, RESP, END_RESP, NL = range(1, 10)
@@ -42,25 +41,13 @@ def test_every_policy_gives_the_tokens_of_transformers(tiny_model, arch, layers,
         assert greedy(e, ids, 32) == want, policy
 
 
-def run(sched, tokens, n=8, forced=()):
-    seq = Sequence(tokens, SamplingParams(max_tokens=n, forced=tuple(forced)))
-    sched.add(seq)
-    while not seq.finish:
-        sched.step()
-    return seq
-
-
 def test_batched_decode_equals_one_at_a_time(tiny_model):
     e = load(tiny_model("qwen3_next")[2], max_running=3)
     free = len(e.states.free)  # (on CUDA the decode graphs hold a scratch slot)
     prompts = [words(30, 4), words(9, 5), words(45, 6)]
     solo = [run(Scheduler(e, set(), 1, 16, prefix_cache=False), p, 12).output for p in prompts]
     sched = Scheduler(e, set(), 3, 16, prefix_cache=False)
-    seqs = [Sequence(p, SamplingParams(max_tokens=12)) for p in prompts]
-    for s in seqs:
-        sched.add(s)
-    while not all(s.finish for s in seqs):
-        sched.step()
+    seqs = together(sched, prompts, 12)
     assert [s.output for s in seqs] == solo
     assert len(e.states.free) == free  # every slot back
 
@@ -75,11 +62,7 @@ def test_preempted_sequences_resume_with_their_state(tiny_model, checkpoints):
     prompts = [words(45, s) for s in (7, 8, 9)]
     alone = [run(Scheduler(e, set(), 1, 32, prefix_cache=False), p, 40).output for p in prompts]
     sched = Scheduler(e, set(), 3, 32)
-    seqs = [Sequence(p, SamplingParams(max_tokens=40)) for p in prompts]
-    for s in seqs:
-        sched.add(s)
-    while not all(s.finish for s in seqs):
-        sched.step()
+    seqs = together(sched, prompts, 40)
     assert [s.output for s in seqs] == alone
     assert sched.totals["preempted"] > 0 and len(e.states.free) == free   # every slot back
     assert (sched.prefix.restored > 0) == bool(checkpoints)
@@ -110,7 +93,7 @@ def agent(tiny_model, request):
     prompt = system + user + head
     think, answer, call = [THINK] + words(21, 3) + [END_THINK], words(10, 4), [CALL] + words(9, 5) + [END_CALL]
     out = think + answer + call + [IM_END]
-    first = run(sched, prompt, len(out), out)
+    first = run(sched, prompt, len(out), forced=tuple(out))
     assert first.output == out
     return sched, dict(system=system, user=user, head=head, think=think, answer=answer, call=call)
 
@@ -169,12 +152,12 @@ def test_pool_is_bounded_and_evicts_least_recently_used(tiny_model):
     base = e.kv.used  # (on CUDA the decode graphs hold a scratch page)
     sched = Scheduler(e, set(), 1, 32, anchors=ANCHORS)
     a = turn(11, 20, 1) + turn(12, 20, 2) + turn(12, 20, 4) + [IM_START, 13, NL]   # anchors 22, 46, 70
-    run(sched, a, 1, [30])
+    run(sched, a, 1, forced=(30,))
     assert len(sched.prefix.lru) == 2 and not sched.prefix.free_slots          # the deepest two kept
     assert restored_logits(sched, a[:30])[1] == 0 and restored_logits(sched, a[:60])[1] == 46
     used = e.kv.used
     b = turn(11, 20, 3) + turn(12, 20, 5) + [IM_START, 13, NL]                  # another conversation: 22, 46
-    run(sched, b, 1, [30])
+    run(sched, b, 1, forced=(30,))
     assert len(sched.prefix.lru) == 2
     assert restored_logits(sched, a + [5])[1] == 0                              # a's were least recently used
     assert restored_logits(sched, b + [5])[1] == 46

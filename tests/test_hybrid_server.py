@@ -4,14 +4,12 @@ the state checkpoint at the end of turn 1's user message is restored and reporte
 from __future__ import annotations
 
 import shutil
-import threading
-import time
 
 import anthropic
 import openai
 import pytest
 import tiny
-from test_server import DEMO, KEY, MODEL, Live, _free_port, force, wait_ready
+from test_server import DEMO, KEY, MODEL, Live, force, listening, wait_ready
 
 TEMPLATE = (
     "{%- for m in messages %}{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}"
@@ -24,8 +22,6 @@ ANSWER = "<think>\nTwo and two, added with care, make four.\n</think>\n\n4."
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    import uvicorn
-
     from engine.config import EngineConfig
     from engine.llm import LLM
     from engine.server.app import create_app
@@ -36,16 +32,10 @@ def live(tmp_path_factory):
     (hf / "chat_template.jinja").write_text(TEMPLATE)
     app = create_app(lambda progress: LLM(EngineConfig(model=str(hf), device="cpu", max_context=1024), progress),
                      MODEL, api_key=KEY, tool_parser="hermes", reasoning_parser="think", allow_forced_output=True)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    srv = Live(app, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}")
-    wait_ready(srv)
-    yield srv
-    server.should_exit = True
-    thread.join(30)
+    with listening(app) as port:
+        srv = Live(app, f"http://127.0.0.1:{port}")
+        wait_ready(srv)
+        yield srv
 
 
 def anchor(live, question: str) -> int:

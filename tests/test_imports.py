@@ -66,3 +66,15 @@ def test_no_import_cycles():
 def test_cycle_finder():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_loading_a_model_on_the_cpu_does_not_import_dynamo(tiny_model):
+    """torch._dynamo (~900 modules, seconds at a cold start) stays out of a load: building the model
+    on the meta device once pulled it in through the embedding's random init."""
+    import subprocess
+    import sys
+    ftw = tiny_model("qwen3_moe")[2]
+    code = ("import sys; from engine.config import EngineConfig; from engine.loader import load_runner; "
+            f"load_runner(EngineConfig(model={str(ftw)!r}, device='cpu'), {str(ftw)!r}); "
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

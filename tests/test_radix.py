@@ -1,7 +1,7 @@
 """Radix prefix cache: page-granular sharing, reference counts, LRU eviction under pressure."""
 import pytest
 import torch
-from conftest import load
+from conftest import load, run, together
 
 from engine.config import SamplingParams
 from engine.errors import UserError
@@ -42,14 +42,6 @@ def test_referenced_pages_are_not_evicted():
     assert tree.evict(10) == 2
 
 
-def run(sched, tokens, n=6):
-    seq = Sequence(tokens, SamplingParams(max_tokens=n))
-    sched.add(seq)
-    while not seq.finish:
-        sched.step()
-    return seq
-
-
 def test_a_sequence_leaves_its_callers_prompt_alone():
     prompt = [5, 6, 7]
     seq = Sequence(prompt, SamplingParams(max_tokens=2))
@@ -81,11 +73,7 @@ def test_shared_pool_preempts_newest_and_every_request_ends(tiny_model):
     prompts = [torch.randint(0, 256, (90,), generator=g).tolist() for _ in range(3)]
     alone = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=40).output for p in prompts]
     sched = Scheduler(e, set(), 3, 64)
-    seqs = [Sequence(p, SamplingParams(max_tokens=40)) for p in prompts]
-    for s in seqs:
-        sched.add(s)
-    while any(not s.finish for s in seqs):
-        sched.step()
+    seqs = together(sched, prompts, 40)
     assert [s.output for s in seqs] == alone and all(s.finish == "length" for s in seqs)
     assert sched.totals["preempted"] > 0
     assert e.kv.used == sched.prefix.pages  # only the prefix cache holds pages now

@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -69,10 +70,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def listening(app):
+    """`app` served by uvicorn on a free loopback port, in a thread, until the block ends -> the port."""
+    import uvicorn
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
 @pytest.fixture(scope="session")
 def live():
-    import uvicorn
-
     from engine.config import EngineConfig
     from engine.llm import LLM
     from engine.server.app import create_app
@@ -84,21 +101,15 @@ def live():
         return LLM(EngineConfig(model=str(DEMO), device="cpu", max_running=8, max_context=2048), progress)
     app = create_app(load, MODEL, api_key=KEY, tool_parser="hermes", reasoning_parser="think",
                      allow_forced_output=True)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    srv = Live(app, f"http://127.0.0.1:{port}")
-    while not server.started:
-        time.sleep(0.02)
-    srv.loading = {"health": srv.http.get("/health"),
-                   "chat": srv.http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER}),
-                   "messages": srv.http.post("/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 4})}
-    gate.set()
-    wait_ready(srv)
-    yield srv
-    server.should_exit = True
-    thread.join(30)
+    with listening(app) as port:
+        srv = Live(app, f"http://127.0.0.1:{port}")
+        srv.loading = {"health": srv.http.get("/health"),
+                       "chat": srv.http.post("/v1/chat/completions", json={"model": MODEL, "messages": USER}),
+                       "messages": srv.http.post("/v1/messages",
+                                                 json={"model": MODEL, "messages": USER, "max_tokens": 4})}
+        gate.set()
+        wait_ready(srv)
+        yield srv
 
 
 @pytest.fixture(scope="session")

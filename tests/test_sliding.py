@@ -3,9 +3,8 @@ each sequence's window given back after every step, and prefix reuse only where 
 the reused prefix was kept (a prompt's end, where a sequence stopped)."""
 import pytest
 import torch
-from conftest import load, prefill_logits
+from conftest import load, prefill_logits, run, together
 from test_parity import prompt, rel_err
-from test_radix import run
 
 from engine.config import SamplingParams
 from engine.kv.paged import SlidingPool
@@ -122,11 +121,7 @@ def test_preempted_sequences_resume_from_their_windows(tiny_model):
     prompts = [torch.randint(0, 256, (60,), generator=g).tolist() for _ in range(3)]
     alone = [run(Scheduler(e, set(), 1, 32, prefix_cache=False), p, n=40).output for p in prompts]
     sched = Scheduler(e, set(), 3, 32)
-    seqs = [Sequence(p, SamplingParams(max_tokens=40)) for p in prompts]
-    for s in seqs:
-        sched.add(s)
-    while any(not s.finish for s in seqs):
-        sched.step()
+    seqs = together(sched, prompts, 40)
     assert [s.output for s in seqs] == alone
     assert sched.totals["preempted"] > 0 and sched.prefix.hit_tokens > 0
     assert e.kv.used == sched.prefix.pages + base
