@@ -185,7 +185,7 @@ class DeviceTables:
         return idx.tolist()
 
     def release(self, slots: list[int]) -> None:
-        self.last_use[torch.tensor(slots, device=self.last_use.device)] = -1
+        self.last_use[torch.tensor(slots, dtype=torch.long, device=self.last_use.device)] = -1
 
     def adopt(self, old: DeviceTables) -> tuple[list[int], list[int]]:
         # as HostTables.adopt; the kept slots keep their last_use, so ties stay in slot order
