@@ -153,7 +153,7 @@ def test_cache_stats_record_and_delta():
 
 def test_host_and_device_tables_share_one_interface():
     """Both residency tables implement ResidencyTables with the same results for loading,
-    reserving (none too) and releasing prefill buffers and counting misses."""
+    reserving (none too) and releasing prefill buffers and reading a layer's residency."""
     from engine.moe.tables import DeviceTables, HostTables, ResidencyTables
     L, E, S = 2, 4, 6
     got = []
@@ -161,9 +161,9 @@ def test_host_and_device_tables_share_one_interface():
         assert isinstance(t, ResidencyTables)
         t.install_block(0, 0, E)
         t.release(t.reserve(0))  # nothing to reserve: nothing to release
-        steps = [t.owned, t.missing(torch.tensor([[0, 1], [2, 5]]), 0), t.missing(torch.tensor([[0, 1]]), E)]
+        steps = [t.owned, t.resident(0, E).tolist(), t.resident(E, E).tolist()]
         reserved = t.reserve(3)  # none used yet: the lowest slots, owners evicted
-        steps += [sorted(reserved), t.owned, t.missing(torch.tensor([[0, 1, 2, 3]]), 0)]
+        steps += [sorted(reserved), t.owned, t.resident(0, E).tolist()]
         t.release(reserved)
         route, *rest = t.plan(torch.tensor([[0, 1]]), E, 1.0)  # fills go to the released slots first
         steps += [route.tolist(), rest]

@@ -1,5 +1,5 @@
-"""Prefill of long chunks: streamed (double-buffered whole layers), routed, or chosen per layer by
-the bandwidth model; every mode gives the logits of plain prefill."""
+"""Prefill of long chunks: streamed (double-buffered layers: the experts not resident), routed, or
+chosen per layer by the bandwidth model; every mode gives the logits of plain prefill."""
 import pytest
 import torch
 from conftest import greedy, load, prefill_logits
@@ -28,21 +28,38 @@ def test_prefill_modes_match_plain_prefill(tiny_model, mode):
     assert e.runtime.streamer.slots is None  # buffers given back after each chunk
 
 
-def test_adaptive_streams_only_when_the_link_hides_behind_compute(tiny_model):
+def test_adaptive_streams_missing_experts_that_the_chunk_routes_to_whatever_the_link(tiny_model):
+    """A long chunk routes to every expert: streaming a layer's missing experts moves nothing in
+    vain, so adaptive streams them even over a slow link (the scripted test below covers the
+    link's part); a layer with every expert resident is not streamed."""
     _, _, ftw = tiny_model("qwen3_moe")
     ids = torch.randint(0, 256, (96,), generator=torch.Generator().manual_seed(13)).tolist()
     streamed = []
-    for b_p in (1e-6, 1e6):  # GB/s: moving a layer takes forever / no time at all
+    for evicted in (0, 12):  # none; layer 0's 8 experts and half of layer 1's
         e = load(ftw, prefill_mode="adaptive", moe_policy="fetch")
         t = e.runtime.cache.tables
-        t.release(t.reserve(4))  # half of layer 0's experts leave the cache; the rest stay
-        e.runtime.qstar.start(b_p, 1.0)
+        t.release(t.reserve(evicted))
+        e.runtime.qstar.start(1e-6, 1.0)  # GB/s: moving an expert takes forever
         prefill_logits(e, ids)
         streamed.append(e.runtime.cache.stats.stream_layers)
-    # layer 0 missed 4 of 8 experts: streaming layer 1 moves 4 extra experts, worth it only when
-    # that hides behind a layer's compute (then the buffers, taken from the 16 coldest slots,
-    # evict layer 2's experts, so layer 2 streams too)
-    assert streamed == [0, 2]
+    assert streamed[0] == 0 and streamed[1] > 0, streamed
+
+
+def test_a_streamed_layer_moves_only_its_experts_that_are_not_resident(tiny_model, monkeypatch):
+    """Forced streaming with some experts resident (layer 0 runs on the CPU, so the buffers come
+    from the empty slots and the coldest experts; the few a short request used stay): a buffered
+    layer reads those from their cache slots, moves the others, and the logits are the same."""
+    _, _, ftw = tiny_model("qwen3_moe")
+    ids = torch.randint(0, 256, (96,), generator=torch.Generator().manual_seed(14)).tolist()
+    want = prefill_logits(load(ftw, prefill_mode="routed", moe_policy="static:1"), ids)
+    e = load(ftw, prefill_mode="stream", moe_policy="static:1")
+    greedy(e, [5, 6, 7], 2)  # a short request: a few experts of every layer become the most recent
+    moved, record = [], e.runtime.cache.stats.record
+    monkeypatch.setattr(e.runtime.cache.stats, "record", lambda **kw: (moved.append(kw["streamed"])
+                                                                        if "streamed" in kw else None, record(**kw)))
+    assert torch.equal(prefill_logits(e, ids), want)
+    E = e.runtime.cache.n_experts
+    assert len(moved) == 2 and 0 < min(moved) and max(moved) < E, moved  # layers 1, 2: partly resident
 
 
 def test_prefill_chunk_is_sized_from_free_memory(tiny_model):
@@ -64,7 +81,8 @@ def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
     """With a scripted clock: a layer's compute is its window less its own transfers (its fills,
     or its wait for a streamed buffer), measured for streamed layers too, so a chunk stops
     streaming when its layers get cheap; a new chunk starts from the last measurement scaled by
-    its tokens."""
+    its tokens. What streaming would move in vain is the next layer's non-resident experts that
+    this layer's share of routed experts leaves out."""
     import engine.moe.prefill as prefill
     _, _, ftw = tiny_model("qwen3_moe")
     e = load(ftw, prefill_mode="adaptive", moe_policy="fetch")
@@ -74,26 +92,31 @@ def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
     st, E, now, loaded = rt.streamer, rt.cache.n_experts, [0.0], []
     monkeypatch.setattr(st, "cuda", False)  # the host clock, scripted, instead of CUDA events
     monkeypatch.setattr(prefill, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
-    monkeypatch.setattr(st, "_load", loaded.append)
+    monkeypatch.setattr(st, "_load", lambda layer, held: loaded.append(layer))
 
-    def layer(missing: int, compute: float, wait: float) -> None:
+    def layer(routed: int, compute: float, wait: float, missing: int | None = E) -> None:
+        """A layer step routing to `routed` distinct experts, `missing` experts of the next layer
+        not resident (None: that layer is not cacheable)."""
         now[0] += compute / 2
         with st.transfer():
             now[0] += wait
         now[0] += compute / 2
-        st.maybe_prefetch(1, missing)
+        st.maybe_prefetch(1, torch.arange(routed).view(-1, 1), None if missing is None else torch.arange(E) - missing)
 
     st.begin(100)
-    layer(2, compute=1e-3, wait=2 * per_expert)           # (E - 2) experts = 6 ms > 1 ms: fetch
+    layer(2, compute=1e-3, wait=2 * per_expert)           # 6 of 8 streamed in vain = 6 ms > 1 ms: fetch
     assert loaded == [] and st.compute == pytest.approx(1e-3)
-    layer(E - 1, compute=20e-3, wait=(E - 1) * per_expert)  # 1 expert (1 ms) hides behind 20 ms: stream
+    layer(E - 1, compute=20e-3, wait=(E - 1) * per_expert)  # 1 in vain (1 ms) hides behind 20 ms: stream
     assert loaded == [1]
     layer(E - 1, compute=20e-3, wait=0.5)                 # a long stream wait is not compute
     assert st.compute == pytest.approx(20e-3) and loaded == [1, 1]
     layer(E - 1, compute=0.5e-3, wait=0.0)                # a streamed layer got cheap: fetch again
     assert loaded == [1, 1]
-    layer(-1, compute=20e-3, wait=0.0)                    # never stream a layer that is not cached
-    assert loaded == [1, 1]
+    layer(E, compute=0.5e-3, wait=0.0)                    # every expert routed: nothing in vain, stream
+    assert loaded == [1, 1, 1]
+    layer(E, compute=20e-3, wait=0.0, missing=0)          # nothing to move: fetch (all hits)
+    layer(E, compute=20e-3, wait=0.0, missing=None)       # never stream a layer that is not cached
+    assert loaded == [1, 1, 1]
     st.end()
     st.begin(10)                                          # a chunk of 10 tokens after one of 100
     assert st.estimate() == pytest.approx(2e-3)

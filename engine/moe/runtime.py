@@ -94,33 +94,36 @@ class ExpertRuntime:
         ids_h = ids.cpu()
         self.qstar.update()
         # A short chunk (an agent's follow-up) is treated like decode: the q* split, fills kept
-        # hot. A long one scans nearly every expert: each layer is either streamed whole into a
-        # prefill buffer or has its misses fetched as cold entries, so the decode working set
-        # survives it.
+        # hot. A long one scans nearly every expert: each layer either has its non-resident
+        # experts streamed into a prefill buffer or its misses fetched as cold entries, so the
+        # decode working set survives it.
         scan = prefill and ids.numel() > SHORT_ROUTES_PER_EXPERT * self.store.shard.n_experts  # the same on every rank
         st = self.streamer
         if scan:
             c.stats.record(scan=True)
             if layer == 0 and st.usable:
                 st.begin(x.shape[0])
+        # a streamed layer plans nothing against the cache: what is next is read now, before its
+        # wait for its buffer is queued (on the device tables that read waits for the queue)
+        ahead = self._ahead(layer) if scan and layer in st.ready else None
         slots = st.take(layer) if scan else None
         if slots is not None:
             out = self.run_cached(x, torch.where(ids < 0, -1, slots[ids]), weights)
-            missing = c.tables.missing(ids_h, layer * c.n_experts)
         else:
-            out, missing = self._routed(layer, x, ids_h, weights, scan)
+            out, ahead = self._routed(layer, x, ids_h, weights, scan)
         if scan:
-            st.maybe_prefetch(layer + 1, missing if self.policy.cacheable(layer + 1) else -1)
+            st.maybe_prefetch(layer + 1, ids_h, ahead)
             if layer == len(self.store.banks) - 1 and st.active:
                 st.end()
         return out.to(x.dtype)
 
     def _routed(self, layer: int, x: torch.Tensor, ids_h: torch.Tensor, weights: torch.Tensor, scan: bool):
         """Plan against the cache, fill the fetched misses, run the CPU misses concurrently, merge.
-        -> (out [T, H] float32, misses)."""
+        -> (out [T, H] float32, the next layer's residency after the plan (_ahead))."""
         c = self.cache
         route, victims, fetch, hits, misses = c.tables.plan(ids_h, layer * c.n_experts,
                                                             self.policy.q(layer, scan, self.qstar.value), cold=scan)
+        ahead = self._ahead(layer) if scan else None  # read at the plan's sync, before any work is queued
         route = route.view(ids_h.shape)
         cpu_ids = torch.where(route < 0, ids_h, -1)
         n_cpu = misses - len(victims)
@@ -146,7 +149,15 @@ class ExpertRuntime:
             fut.wait()
             self.qstar.cpu_job(n_cpu, fut, t0)
             out += out_h.to(x.device, non_blocking=True)
-        return out, misses
+        return out, ahead
+
+    def _ahead(self, layer: int) -> torch.Tensor | None:
+        """The cache slots of layer+1's experts (-1: not resident) for the streamer, if it may
+        stream that layer (None: no streamer running, the last layer, or one never cached)."""
+        nxt, E = layer + 1, self.cache.n_experts
+        if not self.streamer.active or nxt >= len(self.store.banks) or not self.policy.cacheable(nxt):
+            return None
+        return self.cache.tables.resident(nxt * E, E)
 
     def run_cached(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, **kw) -> torch.Tensor:
         """The routes of `slots` [T, K] (-1: elsewhere) from the device cache -> [T, H] float32."""

@@ -28,9 +28,8 @@ class ResidencyTables(Protocol):
         """One layer step (see HostTables.plan) -> (route slots [T*K] (a CPU tensor) with -1 =
         CPU, victim slots, fetched expert ids, hits, misses)."""
 
-    def missing(self, ids: torch.Tensor, base: int) -> int:
-        """Distinct experts of ids [T, K] (a CPU tensor of flat ids from `base`; -1: routed
-        elsewhere) that are not resident."""
+    def resident(self, base: int, n: int) -> torch.Tensor:
+        """The slots of flat ids base..base+n (-1: not resident), a CPU int64 tensor [n]."""
 
     def reserve(self, n: int) -> list[int]:
         """Take the n least recently used slots out of the cache (prefill buffers)."""
@@ -105,8 +104,8 @@ class HostTables:
         self.seen, self.clock = list(old.seen), old.clock
         return slots, flats
 
-    def missing(self, ids: torch.Tensor, base: int) -> int:
-        return sum(self.slot_of[base + e] < 0 for e in distinct(ids)[0].tolist())
+    def resident(self, base: int, n: int) -> torch.Tensor:
+        return torch.tensor(self.slot_of[base:base + n], dtype=torch.int64)
 
     def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False):
         """ids [T, K] (CPU) expert ids of the layer whose flat ids start at `base` (-1: routed
@@ -199,8 +198,8 @@ class DeviceTables:
         self.clock.copy_(old.clock)
         return slots.tolist(), flats.tolist()
 
-    def missing(self, ids: torch.Tensor, base: int) -> int:
-        return int((self.slot_of[distinct(ids)[0].to(self.slot_of.device) + base] < 0).sum())
+    def resident(self, base: int, n: int) -> torch.Tensor:
+        return self.slot_of[base:base + n].cpu()
 
     @property
     def owned(self) -> int:
