@@ -84,7 +84,9 @@ class Scheduler:
         self.max_running, self.chunk, self.max_context = max_running, prefill_chunk, runner.max_context
         self.prefix = None if not prefix_cache else HybridPrefixCache(self.kv, self.states) if self.states \
             else SlidingPrefixCache(self.kv) if self.sliding else RadixCache(self.kv)
-        self.anchors = anchors if self.states and self.prefix and self.states.n_saved else None
+        # without anchor tokens (no template) a prompt's end is still checkpointed, for its follow-up
+        self.anchors = (anchors or Anchors(frozenset(), frozenset())) if self.states and self.prefix \
+            and self.states.n_saved else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0, preempted=0)

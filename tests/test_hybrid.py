@@ -147,6 +147,16 @@ def test_a_follow_up_resumes_at_the_end_of_the_prompt_before_it(agent):
     assert run(fresh, follow, 4).output == run(sched, follow, 4).output
 
 
+def test_without_anchor_tokens_a_follow_up_still_resumes_at_the_prompts_end(tiny_model):
+    """A scheduler given no anchors (no chat template: a synthetic model, a bench) checkpoints the
+    prompt's end all the same, so a follow-up prefills only its own tokens."""
+    e = load(tiny_model("qwen3_5_moe")[2], kv_tokens=1024)
+    sched = Scheduler(e, set(), 1, 32)
+    prompt = words(50, 20)
+    run(sched, prompt, 2)
+    assert run(sched, prompt + words(12, 21), 2).cached == len(prompt)
+
+
 def test_pool_is_bounded_and_evicts_least_recently_used(tiny_model):
     e = load(tiny_model("qwen3_next")[2], kv_tokens=1024, state_checkpoints=2)
     base = e.kv.used  # (on CUDA the decode graphs hold a scratch page)
