@@ -167,10 +167,10 @@ def startup(model: Optional[str] = ModelArg,
     started, imported = psutil.Process().create_time(), time.time()
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
     runner = _load(cfg, model, synthetic, layers, quant)
-    t0 = time.perf_counter()
+    loaded, t0 = time.time(), time.perf_counter()
     if cfg.moe_policy == "adaptive":  # as `run` does
         runner.runtime.qstar.use_profile(_profile(runner, cpu_threads))
-    r = report(runner, started, imported, time.perf_counter() - t0, prompt_tokens,
+    r = report(runner, started, imported, loaded, time.perf_counter() - t0, prompt_tokens,
                read_speed(runner.path) if runner.path else None)
     if out:
         out.write_text(json.dumps(r, indent=1))
@@ -188,7 +188,8 @@ def startup(model: Optional[str] = ModelArg,
         f"the expert read's remainder (its own thread after the dense read: {r['read_s']:.2f} s, {r['read_gbps']:.2f} GB/s"
         + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
            f"{'' if r['disk_direct'] else ', buffered: maybe the page cache'}" if "read_bound_s" in r else "") + ")")
-    notes = {"device": "CUDA context, cuBLAS (the dense weights are read meanwhile)",
+    notes = {"setup": "the load's own imports (the engine, Triton), the checkpoint's header, before its phases",
+             "device": "CUDA context, cuBLAS (the dense weights are read meanwhile)",
              "dense": "the rest of the dense read; to the device", "build": "random experts built (synthetic)", "wait": read,
              "pin": "waits for the expert thread's page-lock of its buffer, taken before its read",
              "experts": "expert cache, runtime, device control, CPU executor",

@@ -61,9 +61,10 @@ def test_startup_reports_the_phases(deep_hf):
     r = cli("bench", "startup", deep_hf, "--device", "cpu", "--prompt-tokens", 64, "--max-context", 1024, "--json")
     assert r.exit_code == 0, r.output
     x = json.loads(r.stdout)
-    assert list(x["phases"]) == ["import", "device", "dense", "kv", "experts", "pin", "prefill", "compile",
+    assert list(x["phases"]) == ["import", "setup", "device", "dense", "kv", "experts", "pin", "prefill", "compile",
                                  "capture", "wait", "resident", "profile"]
-    assert all(s >= 0 for s in x["phases"].values()) and x["ready_s"] >= sum(x["phases"].values()) - x["phases"]["import"]
+    assert all(s >= 0 for s in x["phases"].values())
+    assert abs(x["ready_s"] - sum(x["phases"].values())) < 0.25  # the phases account for the whole start
     assert x["expert_bytes"] > 0 and x["read_s"] > 0 and x["read_gbps"] > 0 and x["disk_gbps"] > 0 and x["read_bound_s"] > 0
     assert x["prompt_tokens"] == 64 and x["first_prefill_s"] > 0 and x["second_prefill_s"] > 0
     assert x["fx_graph_cache_miss"] == 0  # nothing compiles on the CPU path

@@ -98,11 +98,12 @@ def prefills(runner: ModelRunner, tokens: int) -> tuple[float, float]:
     return first, second
 
 
-def phases(runner: ModelRunner, import_s: float, profile_s: float) -> dict:
-    """Seconds of the start's phases in the order this thread ran them: the imports, the
-    loader's (its decode graphs' phase split into the warm-up steps, which compile, and the rest,
-    the captures), the machine profile."""
-    out = {"import": import_s}
+def phases(runner: ModelRunner, import_s: float, load_s: float, profile_s: float) -> dict:
+    """Seconds of the start's phases in the order this thread ran them: the imports, the load's
+    setup (its load_s seconds less its phases: the engine's imports, the checkpoint's header), the
+    loader's phases (its decode graphs' phase split into the warm-up steps, which compile, and the
+    rest, the captures), the machine profile."""
+    out = {"import": import_s, "setup": max(0.0, load_s - sum(runner.timings.values()))}
     for name, sec in runner.timings.items():
         if name == "graphs":
             compile_s = runner.graphs.seconds["compile"] if runner.graphs is not None else 0.0
@@ -113,17 +114,17 @@ def phases(runner: ModelRunner, import_s: float, profile_s: float) -> dict:
     return out
 
 
-def report(runner: ModelRunner, started: float, imported: float, profile_s: float, prompt_tokens: int,
-           disk: tuple[float, bool] | None) -> dict:
+def report(runner: ModelRunner, started: float, imported: float, loaded: float, profile_s: float,
+           prompt_tokens: int, disk: tuple[float, bool] | None) -> dict:
     """The phases of a start that began at `started` (epoch seconds, the process's start), had its
-    modules imported at `imported` and then loaded `runner` and the profile; runs the two
+    modules imported at `imported`, loaded `runner` by `loaded`, then the profile; runs the two
     prefills. The experts' read ran on its own thread beside the phases up to `wait` (read_s;
     None for a synthetic model, whose experts are built in phase `build`). disk: read_speed() of
     the checkpoint's disk (None for a synthetic model)."""
     ready = time.time() - started
     first, second = prefills(runner, prompt_tokens)
     store = runner.runtime.store
-    out = {"phases": phases(runner, imported - started, profile_s), "ready_s": ready,
+    out = {"phases": phases(runner, imported - started, loaded - imported, profile_s), "ready_s": ready,
            "read_s": store.read_seconds, "expert_bytes": store.nbytes,
            "read_gbps": store.nbytes / store.read_seconds / 1e9 if store.read_seconds else None,
            "prompt_tokens": prompt_tokens, "first_prefill_s": first, "second_prefill_s": second,
