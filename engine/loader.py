@@ -90,13 +90,15 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     the host store's addresses, warms the prefill path and captures the decode graphs while the
     experts are read; only the resident copy waits for the read."""
     from ftw import FTWReader
+    clock = Phases()
     reader = FTWReader(path)
     if config.verify:
         reader.verify()
     cfg = model_config(json.loads(reader.file("config.json").read_text()))
+    clock.mark("header")
     device = pick_device(config.device)
     dtype = compute_dtype(reader.meta["dtype"], device)
-    clock = Phases()
+    clock.mark("driver")
     layout, shard = SlotLayout.from_meta(reader.meta["layout"]), this_rank(cfg.num_experts)
     total = sum(len(shard.owned(i)) for i in range(len(cfg.moe_layer_ids))) * layout.slot_bytes
     done = [0]
@@ -135,9 +137,11 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     or quantized as quant = (format, group) says."""
     from engine.synthetic import expert_layout, random_banks, random_dense, synthetic_config
     cfg = synthetic_config(shape, layers)
+    clock = Phases()
     device = pick_device(config.device)
     dtype = compute_dtype(cfg.dtype, device)
-    gen, clock = torch.Generator().manual_seed(seed), Phases()
+    clock.mark("driver")
+    gen = torch.Generator().manual_seed(seed)
     start_device(device)
     clock.mark("device")
     with torch.device("meta"):

@@ -188,7 +188,9 @@ def startup(model: Optional[str] = ModelArg,
         f"the expert read's remainder (its own thread after the dense read: {r['read_s']:.2f} s, {r['read_gbps']:.2f} GB/s"
         + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
            f"{'' if r['disk_direct'] else ', buffered: maybe the page cache'}" if "read_bound_s" in r else "") + ")")
-    notes = {"setup": "up to the loader's first phase: its imports, the device's selection, the checkpoint's header",
+    notes = {"setup": "up to the loader's first phase: its imports, the checkpoint's path",
+             "header": "the checkpoint's index and config read (and verified with --verify)",
+             "driver": "the device picked: CUDA's driver started (torch.cuda.is_available)",
              "device": "CUDA context, cuBLAS (the dense weights are read meanwhile)",
              "dense": "the rest of the dense read; to the device", "build": "random experts built (synthetic)", "wait": read,
              "pin": "waits for the expert thread's page-lock of its buffer, taken before its read",
