@@ -54,6 +54,21 @@ def test_tokens_and_logits_unchanged_while_pages_behind_the_window_go(tiny_model
     assert sl.used == 1 and kv.used == base
 
 
+def test_one_step_prefill_outside_the_scheduler_holds_only_the_window(tiny_model):
+    """KVPool.scratch (the benches' and tests' one-step prefill) grows the sliding pages as the
+    scheduler does: a 300-token sequence, longer than the whole sliding pool holds, prefills in
+    one step with transformers' logits, and every page comes back."""
+    ref, _, ftw = tiny_model("gpt_oss")
+    e = load(ftw)
+    sl, ids = e.kv.sliding, prompt(300, seed=6)
+    used = (e.kv.used, sl.used)
+    assert -(-len(ids) // e.kv.page_size) > sl.n_pages  # (all of them would not fit)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    assert rel_err(prefill_logits(e, ids), want) < 1e-4
+    assert (e.kv.used, sl.used) == used
+
+
 def test_kv_memory_saved_at_long_context(tiny_model):
     """A 400-token sequence: the full-attention layer holds 25 pages, the sliding layers 3 (5 at
     most, in a 128-token prefill chunk). The sliding pool has 17 pages to the main pool's 33

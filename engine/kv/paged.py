@@ -45,10 +45,14 @@ class KVPool:
 
     @contextmanager
     def scratch(self, n: int):
-        """Pages of one sequence of n tokens from position 0, outside the scheduler (benches, tests),
-        given back after -> (pages, its sliding layers' pages or None)."""
+        """Pages of one sequence of n tokens from position 0, prefilled in one step outside the
+        scheduler (benches, tests), given back after -> (pages, its sliding layers' pages or None:
+        only the window of its end, as the scheduler grows them)."""
         pages = self.alloc(-(-n // self.page_size))
-        sliding = self.sliding.alloc(len(pages)) if self.sliding else None
+        sliding = None
+        if self.sliding:
+            sliding = []
+            self.sliding.grow(sliding, n)
         try:
             yield pages, sliding
         finally:
