@@ -377,9 +377,9 @@ def bench_quant(fmts: tuple[str, ...] = ("bf16",) + FORMATS, batches: tuple[int,
 def bench_prefill(T: int = 2048, K: int = 8, H: int = 2048, I: int = 768, E: int = 128,
                   group: int = 128) -> dict:
     """H200 timing of one prefill chunk's routed experts (uniform top-K routing over E resident
-    slots) per weight format: the grouped GEMMs and the reference they replace (one expert at a
-    time, dequantized by plain torch), beside the reference on bf16 weights (cuBLAS, no
-    dequantization). ms and TFLOP/s of the expert FLOPs."""
+    slots) per weight format, bf16 too: the grouped GEMMs and the reference they replace (one
+    expert at a time, dequantized by plain torch; for bf16, cuBLAS). ms and TFLOP/s of the expert
+    FLOPs."""
     from triton.testing import do_bench
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
     slots = torch.rand(T, E, device="cuda").argsort(dim=1)[:, :K]
@@ -388,9 +388,8 @@ def bench_prefill(T: int = 2048, K: int = 8, H: int = 2048, I: int = 768, E: int
     res = {}
     for fmt in ("bf16",) + FORMATS:
         (wgu, wd), _ = _bench_weights(fmt, E, H, I, group)
-        runs = {"ref": lambda: ref.moe_experts(x, wgu, wd, slots, w)}
-        if fmt != "bf16":
-            runs["gemm"] = lambda: moe_experts_gemm(x, wgu, wd, slots, w)
+        runs = {"ref": lambda: ref.moe_experts(x, wgu, wd, slots, w),
+                "gemm": lambda: moe_experts_gemm(x, wgu, wd, slots, w)}
         res[fmt] = {}
         for name, fn in runs.items():
             ms = do_bench(fn)
