@@ -161,7 +161,7 @@ def startup(model: Optional[str] = ModelArg,
     """The phases of a cold `run` (read beside the disk's bound, pin, compile, capture, first prefill)."""
     import time
     import psutil
-    from engine.bench.startup import read_speed, report
+    from engine.bench.startup import report
     from engine.dist import one_rank
     one_rank("bench startup")
     started, imported = psutil.Process().create_time(), time.time()
@@ -170,8 +170,7 @@ def startup(model: Optional[str] = ModelArg,
     loaded, t0 = time.time(), time.perf_counter()
     if cfg.moe_policy == "adaptive":  # as `run` does
         runner.runtime.qstar.use_profile(_profile(runner, cpu_threads))
-    r = report(runner, started, imported, loaded, time.perf_counter() - t0, prompt_tokens,
-               read_speed(runner.path) if runner.path else None)
+    r = report(runner, started, imported, loaded, time.perf_counter() - t0, prompt_tokens)
     if out:
         out.write_text(json.dumps(r, indent=1))
     if as_json:

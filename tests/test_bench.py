@@ -57,7 +57,16 @@ def test_depth_and_batch_rows(deep_hf):
     one_line_error(cli("bench", "decode", deep_hf, "--depth", 9000, "--device", "cpu"), "--depth")
 
 
-def test_startup_reports_the_phases(deep_hf):
+def test_startup_reports_the_phases(deep_hf, monkeypatch):
+    import time
+
+    import engine.bench.startup as startup
+    read_speed = startup.read_speed
+
+    def slow_disk(path):  # the disk's own timing is not part of the start, however long it takes
+        time.sleep(0.5)
+        return read_speed(path)
+    monkeypatch.setattr(startup, "read_speed", slow_disk)
     r = cli("bench", "startup", deep_hf, "--device", "cpu", "--prompt-tokens", 64, "--max-context", 1024, "--json")
     assert r.exit_code == 0, r.output
     x = json.loads(r.stdout)

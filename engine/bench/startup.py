@@ -115,14 +115,15 @@ def phases(runner: ModelRunner, import_s: float, load_s: float, profile_s: float
 
 
 def report(runner: ModelRunner, started: float, imported: float, loaded: float, profile_s: float,
-           prompt_tokens: int, disk: tuple[float, bool] | None) -> dict:
+           prompt_tokens: int) -> dict:
     """The phases of a start that began at `started` (epoch seconds, the process's start), had its
-    modules imported at `imported`, loaded `runner` by `loaded`, then the profile; runs the two
-    prefills. The experts' read ran on its own thread beside the phases up to `wait` (read_s;
-    None for a synthetic model, whose experts are built in phase `build`). disk: read_speed() of
-    the checkpoint's disk (None for a synthetic model)."""
+    modules imported at `imported`, loaded `runner` by `loaded`, then the profile: ready now; then
+    runs the two prefills and, for a checkpoint on disk, times its disk (read_speed: after ready,
+    which it is not part of). The experts' read ran on its own thread beside the phases up to
+    `wait` (read_s; None for a synthetic model, whose experts are built in phase `build`)."""
     ready = time.time() - started
     first, second = prefills(runner, prompt_tokens)
+    disk = read_speed(runner.path) if runner.path else None
     store = runner.runtime.store
     out = {"phases": phases(runner, imported - started, loaded - imported, profile_s), "ready_s": ready,
            "read_s": store.read_seconds, "expert_bytes": store.nbytes,
