@@ -307,12 +307,12 @@ def warm_prefill(runner: ModelRunner) -> None:
     slot = states.alloc() if states else None
     t = dict(device=runner.device)
 
-    def scratch(p: int):  # (page table, slots) of the T tokens, all in page p
+    def in_page(p: int):  # (page table, slots) of the T tokens, all in page p
         return torch.full((1, -(-T // ps)), p, dtype=torch.int32, **t), p * ps + torch.arange(T, **t) % ps
     batch = ForwardBatch(torch.zeros(T, dtype=torch.int64, **t), torch.arange(T, **t), [T], [T],
-                         torch.tensor([T], dtype=torch.int32, **t), *scratch(page), torch.tensor([T - 1], **t),
+                         torch.tensor([T], dtype=torch.int32, **t), *in_page(page), torch.tensor([T - 1], **t),
                          None if slot is None else torch.tensor([slot], **t), (),
-                         *(scratch(kv.sliding.dummy) if kv.sliding else (None, None)))
+                         *(in_page(kv.sliding.dummy) if kv.sliding else (None, None)))
     routing, rt.routing = rt.routing, None
     try:
         logits = runner.model(batch, kv)[-1].float()
