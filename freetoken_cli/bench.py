@@ -109,6 +109,7 @@ def prefill(model: Optional[str] = ModelArg,
             mode: str = typer.Option("stream,routed,adaptive", help="comma list of prefill modes"),
             lengths: str = typer.Option("1024,4096,16384", help="comma list of cold prompt lengths"),
             follow_up: int = typer.Option(200, help="tokens of a follow-up after the last (cached) prompt; 0 = none"),
+            repeats: int = typer.Option(3, min=1, help="repeats per row (median reported)"),
             prefill_chunk: str = Chunk,
             device: str = Device,
             as_json: bool = Json,
@@ -127,7 +128,7 @@ def prefill(model: Optional[str] = ModelArg,
                         prefill_chunk=prefill_chunk)
     runner = _load(cfg, model, synthetic, layers, quant)
     prof = _profile(runner, cpu_threads)
-    rows = run(runner, cfg, modes, sizes, follow_up, prof)
+    rows = run(runner, cfg, modes, sizes, follow_up, prof, repeats)
     if out:
         out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
     if as_json:
@@ -136,10 +137,12 @@ def prefill(model: Optional[str] = ModelArg,
     from rich.console import Console
     from rich.table import Table
     t = Table(title=f"prefill: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, chunk {runner.prefill_chunk}")
-    for col in ("mode", "prompt", "tokens", "TTFT s", "streaming bound s", "TTFT / bound", "layers streamed", "moved GiB"):
+    for col in ("mode", "prompt", "tokens", "TTFT s", f"min-max of {repeats}", "streaming bound s", "TTFT / bound",
+                "layers streamed", "moved GiB"):
         t.add_column(col, justify="left" if col in ("mode", "prompt") else "right")
     for r in rows:
-        t.add_row(r["mode"], r["prompt"], str(r["tokens"]), f"{r['ttft_s']:.3f}", f"{r['bound_s']:.3f}",
+        t.add_row(r["mode"], r["prompt"], str(r["tokens"]), f"{r['ttft_s']:.3f}",
+                  f"{min(r['ttft_runs']):.3f}-{max(r['ttft_runs']):.3f}", f"{r['bound_s']:.3f}",
                   f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}")
     Console(width=max(150, Console().width)).print(t)
 

@@ -251,13 +251,14 @@ def test_bench_decode_rows_per_thread_count(tiny_hf, monkeypatch):
 
 def test_bench_prefill_rows(tiny_hf):
     r = cli("bench", "prefill", tiny_hf, "--device", "cpu", "--lengths", "64,160", "--follow-up", 12,
-            "--prefill-chunk", 64, "--json")
+            "--prefill-chunk", 64, "--repeats", 2, "--json")
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["rows"]
     assert [(x["mode"], x["prompt"]) for x in rows] == [
         (m, p) for m in ("stream", "routed", "adaptive") for p in ("cold", "cold", "+12 after 160")]
     for x in rows:
         assert x["ttft_s"] > 0 and x["bound_s"] > 0 and x["chunk"] == 64
+        assert len(x["ttft_runs"]) == 2 and x["ttft_s"] == sum(x["ttft_runs"]) / 2  # the median of two
         assert (x["streamed_layers"] > 0) == (x["mode"] == "stream" and x["prompt"] == "cold")
     r = cli("bench", "prefill", tiny_hf, "--device", "cpu", "--lengths", 64, "--follow-up", 0, "--mode", "routed", "--json")
     assert r.exit_code == 0, r.output

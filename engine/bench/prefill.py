@@ -1,8 +1,10 @@
 """Time to first token per prefill mode (stream, routed, adaptive) for cold prompts of several
 lengths and for a short follow-up after a cached prefix, beside the PCIe streaming bound: every
-layer's experts moved once per chunk at B_P."""
+layer's experts moved once per chunk at B_P. Each row is the median of its repeats (fresh random
+prompts; a follow-up's repeats extend the same cached prompt); its counters are per repeat."""
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import replace
 
@@ -30,33 +32,36 @@ def first_token(runner: ModelRunner, sched: Scheduler, seq: Sequence) -> float:
     return time.perf_counter() - t0
 
 
-def row(runner: ModelRunner, mode: str, what: str, tokens: int, seconds: float, before, prof: dict) -> dict:
+def row(runner: ModelRunner, mode: str, what: str, tokens: int, runs: list[float], before, prof: dict) -> dict:
     d, store = runner.runtime.cache.stats - before, runner.runtime.store
     layer_bytes = store.n_experts * store.layout.slot_bytes
     b_p = (prof["h2d_gbps"] or prof["cpu_expert_gbps"]) * 1e9
     bound = -(-tokens // runner.prefill_chunk) * len(store.banks) * layer_bytes / b_p
-    return {"mode": mode, "prompt": what, "tokens": tokens, "chunk": runner.prefill_chunk, "ttft_s": seconds,
-            "bound_s": bound, "streamed_layers": d.stream_layers, "moved_gib": d.bytes_filled / 2**30}
+    return {"mode": mode, "prompt": what, "tokens": tokens, "chunk": runner.prefill_chunk,
+            "ttft_s": statistics.median(runs), "ttft_runs": runs, "bound_s": bound,
+            "streamed_layers": d.stream_layers // len(runs), "moved_gib": d.bytes_filled / 2**30 / len(runs)}
 
 
 def run(runner: ModelRunner, base: EngineConfig, modes: list[str], lengths: list[int], follow_up: int,
-        prof: dict) -> list[dict]:
+        prof: dict, repeats: int = 1) -> list[dict]:
     rows, g = [], torch.Generator().manual_seed(0)
     vocab = runner.cfg.vocab_size
+    tokens = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()
     for mode in modes:
         cfg = replace(base, prefill_mode=mode)
         rt = rebuild_experts(runner, runner.runtime.store, cfg)
         rt.qstar.use_profile(prof)  # as `run` and `serve` have it
         sched = Scheduler(runner, set(), 1, runner.prefill_chunk)
-        ttft(runner, sched, torch.randint(0, vocab, (min(lengths),), generator=g).tolist())  # warm-up
+        ttft(runner, sched, tokens(min(lengths)))  # warm-up
         for n in lengths:
-            prompt = torch.randint(0, vocab, (n,), generator=g).tolist()
-            before = replace(rt.cache.stats)
-            rows.append(row(runner, mode, "cold", n, ttft(runner, sched, prompt), before, prof))
+            before, runs = replace(rt.cache.stats), []
+            for _ in range(repeats):
+                prompt = tokens(n)
+                runs.append(ttft(runner, sched, prompt))
+            rows.append(row(runner, mode, "cold", n, runs, before, prof))
         if follow_up:  # the last prompt is cached in the prefix tree now
-            prompt = prompt + torch.randint(0, vocab, (follow_up,), generator=g).tolist()
             before = replace(rt.cache.stats)
-            t = ttft(runner, sched, prompt)
-            rows.append(row(runner, mode, f"+{follow_up} after {lengths[-1]}", follow_up, t, before, prof))
+            runs = [ttft(runner, sched, prompt + tokens(follow_up)) for _ in range(repeats)]
+            rows.append(row(runner, mode, f"+{follow_up} after {lengths[-1]}", follow_up, runs, before, prof))
         sched.prefix.evict(runner.kv.n_pages)  # the next mode starts from an empty prefix tree
     return rows
