@@ -138,12 +138,12 @@ def prefill(model: Optional[str] = ModelArg,
     from rich.table import Table
     t = Table(title=f"prefill: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, chunk {runner.prefill_chunk}")
     for col in ("mode", "prompt", "tokens", "TTFT s", f"min-max of {repeats}", "streaming bound s", "TTFT / bound",
-                "layers streamed", "moved GiB"):
+                "layers streamed", "moved GiB", "CPU GiB"):
         t.add_column(col, justify="left" if col in ("mode", "prompt") else "right")
     for r in rows:
         t.add_row(r["mode"], r["prompt"], str(r["tokens"]), f"{r['ttft_s']:.3f}",
                   f"{min(r['ttft_runs']):.3f}-{max(r['ttft_runs']):.3f}", f"{r['bound_s']:.3f}",
-                  f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}")
+                  f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}", f"{r['cpu_gib']:.2f}")
     Console(width=max(150, Console().width)).print(t)
 
 

@@ -39,7 +39,8 @@ def row(runner: ModelRunner, mode: str, what: str, tokens: int, runs: list[float
     bound = -(-tokens // runner.prefill_chunk) * len(store.banks) * layer_bytes / b_p
     return {"mode": mode, "prompt": what, "tokens": tokens, "chunk": runner.prefill_chunk,
             "ttft_s": statistics.median(runs), "ttft_runs": runs, "bound_s": bound,
-            "streamed_layers": d.stream_layers // len(runs), "moved_gib": d.bytes_filled / 2**30 / len(runs)}
+            "streamed_layers": d.stream_layers // len(runs), "moved_gib": d.bytes_filled / 2**30 / len(runs),
+            "cpu_gib": d.bytes_cpu / 2**30 / len(runs)}
 
 
 def run(runner: ModelRunner, base: EngineConfig, modes: list[str], lengths: list[int], follow_up: int,
