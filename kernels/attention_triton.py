@@ -3,9 +3,10 @@
 Split-KV ("flash decoding"): program (b, kv head j, split) runs an online softmax over its share
 of the sequence's tokens for the G = Hq/Hkv query heads of kv head j together (one tl.dot per
 tile), then a combine kernel merges the splits. ctx_lens is read on the device only, so the
-launch can be captured in a CUDA graph; splits past a sequence's end do nothing. A sliding
-window spreads the splits over the window only; attention sinks start split 0's softmax with
-the sink as its running maximum and a sum of one.
+launch can be captured in a CUDA graph; the splits share a sequence's tokens evenly in whole
+tiles (its length, not the page table's width, so a short context in a wide table still keeps
+the splits busy). A sliding window spreads the splits over the window only; attention sinks
+start split 0's softmax with the sink as its running maximum and a sum of one.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ _LOG2E = tl.constexpr(LOG2E)
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, len_ptr, sink_ptr, o_ptr, ml_ptr, qk_scale, D, Hq, chunk,
+def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, len_ptr, sink_ptr, o_ptr, ml_ptr, qk_scale, D, Hq,
                   window, sq_b, sq_h, sk_p, sk_t, sk_h, sv_p, sv_t, sv_h, spt_b,
                   G: tl.constexpr, PAGE: tl.constexpr, NSPLIT: tl.constexpr, PREC: tl.constexpr,
                   SINK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -36,7 +37,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, len_ptr, sink_ptr, o_ptr, ml_ptr,
         m_i = tl.where(sp == 0, sink, m_i)
         l_i = tl.where(sp == 0, 1.0, l_i)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    lo = tl.where(window > 0, tl.maximum(ctx - window, 0), 0) + sp * chunk
+    first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)          # the splits share [first, ctx)
+    chunk = tl.cdiv(tl.cdiv(ctx - first, BLOCK_N), NSPLIT) * BLOCK_N
+    lo = first + sp * chunk
     hi = tl.minimum(lo + chunk, ctx)
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)                             # [BLOCK_N] positions
@@ -164,14 +167,13 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     if n_split is None:                                                    # ~2 programs per SM
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         n_split = min(triton.next_power_of_2(triton.cdiv(2 * sms, B * Hkv)), n_blocks)
-    chunk = triton.cdiv(n_blocks, n_split) * block_n                       # tokens per split
     out = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
     part = out if n_split == 1 else torch.empty(B, Hq, n_split, D, device=q.device)
     ml = torch.empty(B, Hq, n_split, 2, device=q.device)                   # (max, sum) per split
     G = Hq // Hkv
     _split_kernel[(B, Hkv, n_split)](
         q, k_pool, v_pool, page_table, ctx_lens, q if sinks is None else sinks, part, ml, scale * LOG2E, D, Hq,
-        chunk, window or 0, q.stride(0), q.stride(1), *k_pool.stride()[:3], *v_pool.stride()[:3],
+        window or 0, q.stride(0), q.stride(1), *k_pool.stride()[:3], *v_pool.stride()[:3],
         page_table.stride(0), G=G, PAGE=page, NSPLIT=n_split, PREC="ieee" if q.dtype == torch.float32 else "tf32",
         SINK=sinks is not None, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_N=block_n)
