@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
 import torch
 
 
@@ -47,10 +48,12 @@ class ForwardBatch:
             return torch.tensor(x, dtype=dt, device=device)
 
         def paged(page_lists):  # -> (page table, slot of each new token)
-            width = max(len(p) for p in page_lists)
+            table = np.zeros((len(page_lists), max(len(p) for p in page_lists)), np.int32)
+            for row, pages in zip(table, page_lists):  # numpy converts a list ~4x faster than torch.tensor
+                row[:len(pages)] = pages
             slots = [pages[p // page_size] * page_size + p % page_size
                      for (new, start, _), pages in zip(seqs, page_lists) for p in range(start, start + len(new))]
-            return t([p + [0] * (width - len(p)) for p in page_lists], torch.int32), t(slots)
+            return torch.from_numpy(table).to(device), t(slots)
         table, slots = paged([p for _, _, p in seqs])
         sliding_table, sliding_slots = paged(sliding) if sliding is not None else (None, None)
         return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, torch.int32), table, slots, t(rows),
