@@ -234,7 +234,8 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     optional routing override, which a CUDA graph must see at capture). The host store is
     untouched; the old cache is freed first. The warm-ups and the capture need only the store's
     pinned addresses (what they compute on rows still being read is thrown away); the resident
-    copy waits for the read. clock marks the phases experts (cache, runtime, control), pin,
+    copy waits for the read. clock marks the phases cache (its pool and tables), experts (runtime,
+    control), pin,
     prefill (warm-up), graphs, wait (for the read), resident."""
     clock = clock or Phases()
     cfg, layout, old = runner.cfg, store.layout, runner.runtime
@@ -250,6 +251,7 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     policy = MissPolicy(config.moe_policy, len(store.banks), slots // E)
     graph = use_graphs(config, runner.device)
     cache = ExpertCache(layout, slots, len(cfg.moe_layer_ids), E, runner.device, device_tables=graph)
+    clock.mark("cache")
     cpu = old._cpu if old is not None else None
     if cpu is not None and old.cpu_threads != config.cpu_threads:  # else keep the worker pool
         cpu.close()

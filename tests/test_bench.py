@@ -70,7 +70,7 @@ def test_startup_reports_the_phases(deep_hf, monkeypatch):
     r = cli("bench", "startup", deep_hf, "--device", "cpu", "--prompt-tokens", 64, "--max-context", 1024, "--json")
     assert r.exit_code == 0, r.output
     x = json.loads(r.stdout)
-    assert list(x["phases"]) == ["import", "setup", "header", "driver", "device", "dense", "kv", "experts", "pin", "prefill", "compile",
+    assert list(x["phases"]) == ["import", "setup", "header", "driver", "device", "dense", "kv", "cache", "experts", "pin", "prefill", "compile",
                                  "capture", "wait", "resident", "profile"]
     assert all(s >= 0 for s in x["phases"].values())
     assert abs(x["ready_s"] - sum(x["phases"].values())) < 0.25  # the phases account for the whole start
