@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Next session, call 1b (right after next1.sh, same machine): A/B of branch partialstream (prefill streams only the non-resident experts, copies overlap the
+# Call 1b (right after next1.sh, same machine): A/B of branch partialstream (prefill streams only the non-resident experts, copies overlap the
 # current layer) against main: the hybrid agent session at a 32k-token system prompt, and the 8-layer Qwen3 16k prefill
 # at a budget where streaming is usable (4 GiB >= 3 layers of experts) and all resident.
 # Before: b=partialstream; rm -rf .probe/ab/$b; mkdir -p .probe/ab/$b; git archive $b engine kernels ftw freetoken_cli tests pyproject.toml | tar -x -C .probe/ab/$b; rm -f .probe/ab/$b/engine/demo/model/*.safetensors
-# run with carry [".probe/next1b.sh", ".probe/ab", ".whl"]
+# needs, beside the tracked files: ".probe/next1b.sh", ".probe/ab", ".whl"
 set -u
 out=$1; w=/tmp/n1b; mkdir -p $w
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

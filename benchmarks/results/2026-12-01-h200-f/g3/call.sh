@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Next session, call 2: GPU tests of the prefill path; the cold start of the 8-layer checkpoint on disk with bytecode
+# Call 2: GPU tests of the prefill path; the cold start of the 8-layer checkpoint on disk with bytecode
 # writable (the device sets PYTHONDONTWRITEBYTECODE; users keep bytecode), after the meta-embedding fix
-# run with carry [".probe/next2.sh"]
+# needs, beside the tracked files: ".probe/next2.sh"
 set -u
 out=$1; w=/tmp/n2; mkdir -p $w
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 FREETOKEN_CACHE=/tmp/ftcache PYTHONPATH=$PWD

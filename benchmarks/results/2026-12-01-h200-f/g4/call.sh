@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests of main (Triton kernels incl. the E2M1 decode, prefill streaming of non-resident experts, hybrids),
 # then a CPU probe: bf16 expert FFNs through torch's matmul (oneDNN, AMX) beside the executor at T routes per expert.
-# run with carry [".probe/g1.sh", ".probe/amx.py", ".whl"]
+# needs, beside the tracked files: ".probe/g1.sh", ".probe/amx.py", ".whl"
 set -u
 out=$1; w=/tmp/g1; mkdir -p $w
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

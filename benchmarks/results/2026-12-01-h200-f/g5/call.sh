@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# call 5, run as one command line (carry [".whl"]): the hybrid decode table (graph decode, model routing, three
+# call 5, run as one command line (with the wheels in .whl): the hybrid decode table (graph decode, model routing, three
 # policies) and the 16k prefill with its 200-token follow-up, 8 GiB, 16 layers of the Qwen3.5-35B-A3B shape
 w=/tmp/n3; mkdir -p $w; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONUNBUFFERED=1 FREETOKEN_CACHE=/tmp/ftcache PYTHONPATH=$PWD:/tmp/site

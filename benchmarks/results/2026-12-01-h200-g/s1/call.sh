@@ -3,7 +3,7 @@
 # against main: its CUDA tests, the machine profile with F_H, the hybrid agent session at 32k and 16k, and the 8-layer
 # Qwen3 16k prefill with its 200-token follow-up at 1/8 budget (issue 22's 10%).
 # Before: for b in streamsplit earlyread; do rm -rf .probe/ab/$b; mkdir -p .probe/ab/$b; git archive $b engine kernels ftw freetoken_cli tests pyproject.toml | tar -x -C .probe/ab/$b; rm -f .probe/ab/$b/engine/demo/model/*.safetensors; done
-# run with carry [".probe/next_s1.sh", ".probe/ab", ".whl"]
+# needs, beside the tracked files: ".probe/next_s1.sh", ".probe/ab", ".whl"
 set -u
 out=$1; w=/tmp/s1; mkdir -p $w
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -4,7 +4,7 @@
 # tree with bytecode kept (as a user's install has it); then the hybrid GPU tests call 4 did not reach; then the
 # VDPBF16PS probe (chains and rows per core: why the executor's multi-route compute per core is ~5x below the CPU machine's).
 # Before: as in next_s1.sh (exports .probe/ab/earlyread)
-# run with carry [".probe/next_s2.sh", ".probe/dpbf16.py", ".probe/ab", ".whl"]
+# needs, beside the tracked files: ".probe/next_s2.sh", ".probe/dpbf16.py", ".probe/ab", ".whl"
 set -u
 out=$1; w=/tmp/s2; mkdir -p $w
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cold start A/B of branch earlyread against main (8-layer Qwen3-30B-A3B checkpoint on disk, bytecode kept), then
 # bench prefill with repeats (median of 5) at 1/8 budget and all resident: issue 22's 1.1x and 10%.
-# run with carry [".probe/next_s3.sh", ".probe/ab", ".whl"]
+# needs, beside the tracked files: ".probe/next_s3.sh", ".probe/ab", ".whl"
 set -u
 out=$1; w=/tmp/s3; mkdir -p $w
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench prefill with repeats (median of 5) at 1/8 budget and all resident, routed first (the order effect), with the
 # CPU's share; the hybrid "+200" row after the prompt-end checkpoint fix; the decode attention's tile sweep at depth.
-# run with carry [".probe/next_s4.sh", ".probe/attn_sweep.py", ".probe/attn_old.py", ".whl"]
+# needs, beside the tracked files: ".probe/next_s4.sh", ".probe/attn_sweep.py", ".probe/attn_old.py", ".whl"
 set -u
 out=$1; w=/tmp/s4; mkdir -p $w
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
