@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sixteenth run, call 1: A/B of branch scansplit against main on the hybrid agent session (2,000- and 16,000-token system prompts)
-# carry [".probe/f1.sh", ".probe/ab", ".whl"]
+# needs, beside the tracked files: ".probe/f1.sh", ".probe/ab", ".whl"
 set -u
 out=$1; w=/tmp/f1; mkdir -p $w
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sixteenth run, call 2: kernel A/B of branches q4gemv and mlasplit against main; the issue 23 shapes' 16k prefill rows (as h200.sh archs)
-# carry [".probe/f2.sh", ".probe/ab"]
+# needs, beside the tracked files: ".probe/f2.sh", ".probe/ab"
 set -u
 out=$1; w=/tmp/f2; mkdir -p $w
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 FREETOKEN_CACHE=/tmp/ftcache

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sixteenth run, call 3: hybrid agent session with a 16,000-token system prompt (main; JIT compiles and autotuning logged)
-# carry [".probe/f3.sh", ".probe/jitlog.py", ".whl"]
+# needs, beside the tracked files: ".probe/f3.sh", ".probe/jitlog.py", ".whl"
 set -u
 out=$1; w=/tmp/f3; mkdir -p $w
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sixteenth run, call 4: hybrid agent session with a 32,000-token system prompt; then the cold start of the 8-layer
 # Qwen3 checkpoint on disk (as h200.sh startup, without its GPU tests and profile)
-# carry [".probe/f4.sh", ".whl"]
+# needs, beside the tracked files: ".probe/f4.sh", ".whl"
 set -u
 out=$1; w=/tmp/f4; mkdir -p $w
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
