@@ -21,7 +21,9 @@ def build(out: Path, shape: str, layers: int | None = None) -> None:
     hf["num_hidden_layers"] = layers or hf["num_hidden_layers"]
     hf.setdefault("intermediate_size", 4 * hf["hidden_size"])
     cfg = tf.AutoConfig.for_model(hf.pop("model_type"), **hf)
-    tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(out)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init: minutes on the CPU
+        model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(out)
     for f in DEMO.iterdir():
         if f.name.startswith(("tokenizer", "chat_template")):
             shutil.copy(f, out / f.name)
