@@ -5,7 +5,7 @@ import torch, triton
 from triton.testing import do_bench_cudagraph
 from kernels.attention_triton import _split_kernel, combine_splits, paged_decode_attention, LOG2E
 sys.path.insert(0, ".probe")
-import attn_old  # the kernel before its splits shared the sequence's length (their chunk from the table's width)
+import attn_old  # the kernel before: git show a06234b:kernels/attention_triton.py > .probe/attn_old.py
 
 Hq, Hkv, D, page = 32, 4, 128, 16
 res = []
