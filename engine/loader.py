@@ -235,8 +235,7 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     untouched; the old cache is freed first. The warm-ups and the capture need only the store's
     pinned addresses (what they compute on rows still being read is thrown away); the resident
     copy waits for the read. clock marks the phases cache (its pool and tables), experts (runtime,
-    control), pin,
-    prefill (warm-up), graphs, wait (for the read), resident."""
+    control), pin, prefill (warm-up), graphs, wait (for the read), resident."""
     clock = clock or Phases()
     cfg, layout, old = runner.cfg, store.layout, runner.runtime
     release_graphs(runner)

@@ -143,7 +143,8 @@ def prefill(model: Optional[str] = ModelArg,
     for r in rows:
         t.add_row(r["mode"], r["prompt"], str(r["tokens"]), f"{r['ttft_s']:.3f}",
                   f"{min(r['ttft_runs']):.3f}-{max(r['ttft_runs']):.3f}", f"{r['bound_s']:.3f}",
-                  f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}", f"{r['cpu_gib']:.2f}")
+                  f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}",
+                  f"{r['cpu_gib']:.2f}")
     Console(width=max(150, Console().width)).print(t)
 
 
