@@ -1,10 +1,13 @@
 """The measurement scripts behind benchmarks/RESULTS.md run and report sane numbers on the CPU."""
 from __future__ import annotations
 
+import pytest
 
-def test_step_profile_reports_each_policy(capsys):
+
+@pytest.mark.parametrize("quant", [None, "int4"])
+def test_step_profile_reports_each_policy(capsys, quant):
     from engine.bench import step_profile
-    step_profile.main("uniform", 2, "1MiB", None, "tiny", "cpu")
+    step_profile.main("uniform", 2, "1MiB", None, "tiny", "cpu", quant)
     out = capsys.readouterr().out
     for label in ("fetch 1MiB", "adaptive 1MiB", "cpu 1MiB", "all resident"):
         assert f"{label}: " in out and "ms per token" in out
@@ -50,7 +53,6 @@ def test_split_model_prefetches_into_the_idle_link():
     from dataclasses import replace
 
     import numpy as np
-    import pytest
     from engine.bench.split_model import Guess, Machine, price, tok_s
     trace = np.array([[[0], [t + 1]] for t in range(20)])
     m = Machine(b_p=1e9, b_h=1e9, b_p_solo=1e9, b_h_solo=1e9, job_s=0.0, experts_s=0.0, gap_s=1.5e-3,
@@ -76,7 +78,6 @@ def test_split_model_prints_each_policy_and_prefetch(tmp_path, capsys):
     import json
 
     import numpy as np
-    import pytest
     from engine.bench import split_model
     np.save(tmp_path / "t.npy", np.random.default_rng(0).integers(0, 8, (40, 3, 2)).astype(np.int16))
     prof = {"h2d_gbps": 50, "h2d_concurrent_gbps": 48, "cpu_expert_gbps": 100, "cpu_expert_concurrent_gbps": 90,
@@ -147,7 +148,6 @@ def test_interleave_runs_each_variant_in_turn_with_its_settings(monkeypatch):
     """Every repeat runs every variant in the listed order, each with its attributes set while
     its runtime is built and decoded (and the defaults for the others), and the defaults come
     back afterwards; a variant naming a missing attribute is refused."""
-    import pytest
     from engine.bench import interleave
     from engine.config import EngineConfig, parse_size
     from engine.loader import load_synthetic

@@ -1,6 +1,7 @@
 """Where one decode step's GPU time goes, per miss policy: kernel and copy totals over a few
 graph-replayed decode steps, and the ordered timeline of one MoE layer step with the gaps between
-its operations. Usage (GPU): python3 -m engine.bench.step_profile ROUTING [LAYERS] [BUDGET] [OUTDIR]."""
+its operations. Usage (GPU): python3 -m engine.bench.step_profile ROUTING [LAYERS] [BUDGET] [OUTDIR] [SHAPE]
+[DEVICE] [QUANT] (QUANT: the experts in int4, int8, fp8 or mxfp4, as `bench decode --quant`)."""
 from __future__ import annotations
 
 import sys
@@ -43,11 +44,12 @@ def report(p, n_steps: int, n_layers: int, kind: str) -> None:
 
 
 def main(routing: str, layers: int = 12, budget: str = "2GiB", out: str | None = None,
-         shape: str = "qwen3-30b-a3b", device: str = "cuda") -> None:
+         shape: str = "qwen3-30b-a3b", device: str = "cuda", quant: str | None = None) -> None:
+    from engine.convert import DEFAULT_GROUP
     cfg = EngineConfig(model="synthetic", device=device, expert_budget=parse_size(budget), cpu_threads=8,
                        max_context=4096)
-    runner = load_synthetic(cfg, shape, layers)
-    prof = load_or_measure(8, say=print)
+    runner = load_synthetic(cfg, shape, layers, quant=quant and (quant, DEFAULT_GROUP[quant]))
+    prof = load_or_measure(8, say=print, fmt=runner.runtime.store.layout.dtype)
     prompts, sched = [list(range(100, 132))], bench_scheduler(runner)
     store = runner.runtime.store
     everything = store.nbytes + (1 << 30)
