@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.parametrize("quant", [None, "int4"])
-def test_step_profile_reports_each_policy(capsys, quant):
+@pytest.mark.parametrize("quant,depth", [(None, 32), ("int4", 300)])
+def test_step_profile_reports_each_policy(capsys, quant, depth):
     from engine.bench import step_profile
-    step_profile.main("uniform", 2, "1MiB", None, "tiny", "cpu", quant)
+    step_profile.main("uniform", 2, "1MiB", None, "tiny", "cpu", quant, depth)
     out = capsys.readouterr().out
     for label in ("fetch 1MiB", "adaptive 1MiB", "cpu 1MiB", "all resident"):
-        assert f"{label}: " in out and "ms per token" in out
+        assert f"{label}: " in out and f"layers, depth {depth}" in out
     assert out.count("per step: GPU busy") == 4
 
 

@@ -1,7 +1,9 @@
 """Where one decode step's GPU time goes, per miss policy: kernel and copy totals over a few
 graph-replayed decode steps, and the ordered timeline of one MoE layer step with the gaps between
 its operations. Usage (GPU): python3 -m engine.bench.step_profile ROUTING [LAYERS] [BUDGET] [OUTDIR] [SHAPE]
-[DEVICE] [QUANT] (QUANT: the experts in int4, int8, fp8 or mxfp4, as `bench decode --quant`)."""
+[DEVICE] [QUANT] [DEPTH] (QUANT: the experts in int4, int8, fp8 or mxfp4, as `bench decode --quant`, or
+bf16; DEPTH: the prompt's tokens, the context the steps decode at). The span beyond the GPU's busy time
+is the host's: what a step costs outside the graph."""
 from __future__ import annotations
 
 import sys
@@ -44,13 +46,14 @@ def report(p, n_steps: int, n_layers: int, kind: str) -> None:
 
 
 def main(routing: str, layers: int = 12, budget: str = "2GiB", out: str | None = None,
-         shape: str = "qwen3-30b-a3b", device: str = "cuda", quant: str | None = None) -> None:
+         shape: str = "qwen3-30b-a3b", device: str = "cuda", quant: str | None = None, depth: int = 32) -> None:
     from engine.convert import DEFAULT_GROUP
     cfg = EngineConfig(model="synthetic", device=device, expert_budget=parse_size(budget), cpu_threads=8,
-                       max_context=4096)
+                       max_context=max(4096, depth + 64))
+    quant = None if quant == "bf16" else quant
     runner = load_synthetic(cfg, shape, layers, quant=quant and (quant, DEFAULT_GROUP[quant]))
     prof = load_or_measure(8, say=print, fmt=runner.runtime.store.layout.dtype)
-    prompts, sched = [list(range(100, 132))], bench_scheduler(runner)
+    prompts, sched = [[i % runner.cfg.vocab_size for i in range(100, 100 + depth)]], bench_scheduler(runner)
     store = runner.runtime.store
     everything = store.nbytes + (1 << 30)
     for pol, b in (("fetch", cfg.expert_budget), ("adaptive", cfg.expert_budget), ("cpu", cfg.expert_budget),
@@ -63,7 +66,7 @@ def main(routing: str, layers: int = 12, budget: str = "2GiB", out: str | None =
         p = profile(activities=[getattr(ProfilerActivity, kind)])
         decode_once(sched, prompts, 6, p)
         label = "all resident" if b == everything else f"{pol} {budget}"
-        print(f"{label}: {dt * 1e3:.2f} ms per token ({1 / dt:.1f} tok/s), {layers} layers")
+        print(f"{label}: {dt * 1e3:.2f} ms per token ({1 / dt:.1f} tok/s), {layers} layers, depth {depth}")
         report(p, 6, layers, kind)
         if out:
             p.export_chrome_trace(f"{out}/{label.replace(' ', '_')}.json")
