@@ -171,6 +171,39 @@ def test_host_and_device_tables_share_one_interface():
     assert got[0] == got[1]
 
 
+def test_host_tables_match_the_device_tables_through_buffers():
+    """Mixed plans (cold or not) and prefill buffers reserved and released, then the experts
+    adopted by smaller tables (an elastic resize) and more plans: the host tables decide exactly
+    as the device tables (the reference's plan) every time."""
+    from engine.moe.tables import DeviceTables, HostTables
+    g = torch.Generator().manual_seed(5)
+    L, E, S, K = 3, 8, 12, 3
+    host, dev = HostTables(S, L * E, L), DeviceTables(S, L * E, E, torch.device("cpu"))
+    held = []
+    for step in range(400):
+        if step == 300:  # resize: every buffer given back first, as the engine does at a safe point
+            if held:
+                host.release(held), dev.release(held)
+                held = []
+            small_h, small_d = HostTables(S - 3, L * E, L), DeviceTables(S - 3, L * E, E, torch.device("cpu"))
+            assert small_h.adopt(host) == small_d.adopt(dev)
+            host, dev = small_h, small_d
+        op = int(torch.randint(0, 10, (), generator=g))
+        if op < 8:
+            layer = int(torch.randint(0, L, (), generator=g))
+            ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(int(torch.randint(1, 3, (), generator=g)))])
+            cold = bool(torch.rand((), generator=g) < 0.5)
+            a, b = host.plan(ids, layer * E, 1.0, cold), dev.plan(ids, layer * E, 1.0, cold)
+            assert a[0].tolist() == b[0].tolist() and a[1:] == b[1:]
+        elif not held:
+            held = host.reserve(2)
+            assert held == dev.reserve(2)
+        else:
+            host.release(held), dev.release(held)
+            held = []
+        assert host.slot_of == dev.slot_of.tolist() and host.owner_of == dev.owner_of.tolist()
+
+
 def test_long_prefill_keeps_the_decode_working_set(tiny_model):
     """A long prompt scans nearly every expert; its fills enter cold, so the experts the running
     decode uses stay resident. A short follow-up runs like decode (here: the q* split)."""

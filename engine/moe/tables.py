@@ -54,7 +54,9 @@ class HostTables:
     (its routes are mapped with tensor ops, so a long prefill chunk costs little). An ordered LRU
     replaces the sort over last_use: slots touched in one step move to the end in slot order,
     which is exactly the (last_use, slot) order the reference sorts by; cold fills move to the
-    front in slot order, where the reference's last_use of -1 puts them."""
+    front in slot order, where the reference's last_use of -1 puts them. `cold` holds the slots
+    whose reference last_use is -1 (never used, released, or filled cold), which lead the order
+    by slot."""
 
     def __init__(self, n_slots: int, n_flat: int, n_layers: int):
         self.n_layers = n_layers
@@ -62,6 +64,7 @@ class HostTables:
         self.owner_of = [-1] * n_slots    # slot -> flat id or -1
         self.seen = [-1] * n_flat         # flat id -> clock of its last demand
         self.lru = OrderedDict.fromkeys(range(n_slots))  # least recently used first
+        self.cold = set(range(n_slots))
         self.clock = 0
 
     def install(self, slot: int, flat: int) -> None:
@@ -85,11 +88,18 @@ class HostTables:
                 self.slot_of[self.owner_of[s]] = -1
                 self.owner_of[s] = -1
             del self.lru[s]
+        self.cold.difference_update(slots)
         return slots
 
     def release(self, slots: list[int]) -> None:
-        for s in sorted(slots, reverse=True):
+        for s in slots:
             self.lru[s] = None
+        self.cold.update(slots)
+        self._cold_first()
+
+    def _cold_first(self) -> None:
+        """Put the cold slots first in line, by slot."""
+        for s in sorted(self.cold, reverse=True):
             self.lru.move_to_end(s, last=False)
 
     def adopt(self, old: HostTables) -> tuple[list[int], list[int]]:
@@ -97,10 +107,12 @@ class HostTables:
         # first in line, as the reference's (last_use, slot) order puts them
         assert not self.owned, "adopt into empty tables"
         S = len(self.owner_of)
-        flats = [old.owner_of[s] for s in old.lru if old.owner_of[s] >= 0][-S:]
+        kept = [s for s in old.lru if old.owner_of[s] >= 0][-S:]
+        flats = [old.owner_of[s] for s in kept]
         slots = list(range(S - len(flats), S))
         for s, f in zip(slots, flats):
             self.install(s, f)
+        self.cold = set(range(S - len(flats))) | {n for n, o in zip(slots, kept) if o in old.cold}
         self.seen, self.clock = list(old.seen), old.clock
         return slots, flats
 
@@ -132,6 +144,8 @@ class HostTables:
             self.lru.move_to_end(s)
         for s in sorted(victims, reverse=True) if cold else ():
             self.lru.move_to_end(s, last=False)
+        self.cold.difference_update(hit_slots)
+        (self.cold.update if cold else self.cold.difference_update)(victims)
         for f in uniq:
             self.seen[f] = self.clock
         flat = ids.flatten()
