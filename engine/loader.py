@@ -132,9 +132,10 @@ def start_device(device: torch.device) -> None:
 
 def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, seed: int = 0,
                    progress: Callable[[str, int, int], None] | None = None,
-                   quant: tuple[str, int] | None = None) -> ModelRunner:
+                   quant: str | None = None) -> ModelRunner:
     """A random-weight model of a real model's shape (see engine.synthetic), its experts in bf16
-    or quantized as quant = (format, group) says."""
+    or quantized to the format `quant` in its default groups (engine.convert.DEFAULT_GROUP)."""
+    from engine.convert import DEFAULT_GROUP
     from engine.synthetic import expert_layout, random_banks, random_dense, synthetic_config
     cfg = synthetic_config(shape, layers)
     clock = Phases()
@@ -150,7 +151,7 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     random_dense(model, gen)
     to_device(model.to(dtype), device)
     clock.mark("dense")
-    store = HostExpertStore.empty(len(cfg.moe_layer_ids), this_rank(cfg.num_experts), expert_layout(cfg, quant))
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), this_rank(cfg.num_experts), expert_layout(cfg, quant and (quant, DEFAULT_GROUP[quant])))
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
     clock.mark("build")  # random experts written in place of the read
     return assemble(config, cfg, model, store, device, dtype, None, clock)

@@ -296,8 +296,7 @@ def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[
     bar = Progress()
     try:
         if synthetic:
-            return load(cfg, load_synthetic, synthetic, layers, quant=quant and (quant, DEFAULT_GROUP[quant]),
-                        local={"progress": bar})
+            return load(cfg, load_synthetic, synthetic, layers, quant=quant, local={"progress": bar})
         return load(cfg, load_runner, ensure_ftw(model), local={"progress": bar})
     finally:
         bar.close()

@@ -47,11 +47,10 @@ def report(p, n_steps: int, n_layers: int, kind: str) -> None:
 
 def main(routing: str, layers: int = 12, budget: str = "2GiB", out: str | None = None,
          shape: str = "qwen3-30b-a3b", device: str = "cuda", quant: str | None = None, depth: int = 32) -> None:
-    from engine.convert import DEFAULT_GROUP
     cfg = EngineConfig(model="synthetic", device=device, expert_budget=parse_size(budget), cpu_threads=8,
                        max_context=max(4096, depth + 64))
     quant = None if quant == "bf16" else quant
-    runner = load_synthetic(cfg, shape, layers, quant=quant and (quant, DEFAULT_GROUP[quant]))
+    runner = load_synthetic(cfg, shape, layers, quant=quant)
     prof = load_or_measure(8, say=print, fmt=runner.runtime.store.layout.dtype)
     prompts, sched = [[i % runner.cfg.vocab_size for i in range(100, 100 + depth)]], bench_scheduler(runner)
     store = runner.runtime.store
