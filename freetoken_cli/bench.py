@@ -198,7 +198,7 @@ def startup(model: Optional[str] = ModelArg,
              "dense": "the rest of the dense read; to the device", "build": "random experts built (synthetic)", "wait": read,
              "pin": "waits for the expert thread's page-lock of its buffer, taken before its read",
              "cache": "the expert cache's device pool and residency tables allocated",
-             "experts": "expert runtime and device control (the plan kernel's tables)",
+             "experts": "expert runtime, device control and the CPU executor its poller starts",
              "prefill": "one short prefill on dummy tokens: the prefill path's first use",
              "compile": "decode graphs' warm-up steps: Triton JIT, torch.compile", "capture": "decode graphs captured",
              "resident": "resident experts copied in"}
