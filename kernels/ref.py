@@ -106,6 +106,15 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         k, v = k.transpose(0, 1), v.transpose(0, 1)                   # [Hkv, ctx - lo, D]
         qb = q[start:start + ql].transpose(0, 1)                      # [Hq, ql, D]
         start += ql
+        gqa = k.shape[0] != qb.shape[0]
+        if ql > 1 and not window and sinks is None and _flash_prefill(qb, k, v):
+            # FlashAttention's causal mask is aligned to the last key, as a chunk after cached
+            # tokens needs (SDPA's is_causal aligns it to the first)
+            k, v = (t.repeat_interleave(qb.shape[0] // t.shape[0], 0) if gqa else t for t in (k, v))
+            o = torch.ops.aten._scaled_dot_product_flash_attention(qb[None], k[None], v[None], 0.0, True,
+                                                                   scale=scale)[0][0]
+            out.append(o.transpose(0, 1))
+            continue
         mask = None
         if ql > 1 or window:
             qpos = torch.arange(ctx - ql, ctx, device=q.device)[:, None]
@@ -115,7 +124,6 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                 mask &= kpos > qpos - window
         # 4-D inputs (a batch of 1), and with a mask K/V expanded to every query head: the fused
         # kernels take nothing else, and the math fallback materialises [heads, T, ctx] scores
-        gqa = k.shape[0] != qb.shape[0]
         if (mask is not None or sinks is not None) and gqa:
             k, v, gqa = *(t.repeat_interleave(qb.shape[0] // t.shape[0], 0) for t in (k, v)), False
         if sinks is not None:
@@ -124,6 +132,15 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                            enable_gqa=gqa)[0]
         out.append(o.transpose(0, 1))
     return torch.cat(out, dim=0)
+
+
+def _flash_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a prefill's causal attention runs in FlashAttention: CUDA from sm80, half precision,
+    equal head widths up to 256 in multiples of 8. (SDPA with a mask runs the memory-efficient
+    kernel, 34 ms a layer for 16k tokens of Qwen3-30B-A3B's heads on an H200.)"""
+    D = q.shape[-1]
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and k.shape[-1] == v.shape[-1] == D
+            and D <= 256 and D % 8 == 0 and torch.cuda.get_device_capability(q.device) >= (8, 0))
 
 
 def _sink_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -396,6 +396,24 @@ def test_paged_attention_sinks_and_window_are_the_softmax_definition():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("Hq,Hkv,D", [(32, 4, 128), (16, 16, 64), (8, 2, 256)])
+def test_paged_prefill_attention_flash_gpu(dtype, Hq, Hkv, D):
+    """Prefill chunks (whole prompts and chunks after cached tokens, whose causal mask is aligned
+    to the last key) through FlashAttention, grouped and plain heads, against the fp32
+    reference's masked SDPA on the same inputs; one of the sequences is a single decode token."""
+    gen = torch.Generator().manual_seed(21)
+    q_lens, ctx_lens, page = [300, 5, 64, 1, 1000], [300, 37, 1100, 50, 1000], 16
+    (_, k, v), pt = _attn_case(len(ctx_lens), Hq, Hkv, D, page, ctx_lens, dtype, gen)
+    q = torch.randn(sum(q_lens), Hq, D, generator=gen).to(dtype)
+    assert ref._flash_prefill(q.to(DEV), k.to(DEV), v.to(DEV))
+    out = ref.paged_attention(q.to(DEV), k.to(DEV), v.to(DEV), pt.to(DEV), q_lens, ctx_lens, D ** -0.5)
+    ref32 = ref.paged_attention(q.float(), k.float(), v.float(), pt, q_lens, ctx_lens, D ** -0.5)
+    assert out.dtype == dtype and not ref32.isnan().any()
+    _close(out, ref32, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_paged_decode_attention_long_gpu(dtype):
     gen = torch.Generator().manual_seed(4)
     lens = [4096, 1, 2500, 777]
