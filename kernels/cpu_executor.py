@@ -37,14 +37,24 @@ def _build() -> ctypes.CDLL:
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         raise RuntimeError(f"{cxx} not found; install a C++ compiler for the fast CPU expert path")
-    from torch.utils.cpp_extension import load
     # No -march=native: the cached library may be reused on another CPU (shared home, container
     # image); the SIMD paths are per-function targets picked at run time instead.
-    # Named by the sources' digest: processes running different sources (another checkout, an
-    # upgrade) never rebuild one library under each other, which would load a mismatched ABI.
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(_SRC.parent.iterdir()))).hexdigest()[:12]
-    path = load(f"freetoken_cpu_moe_{digest}", [str(_SRC)], extra_cflags=["-O3"], is_python_module=False)
-    lib, p, i = ctypes.CDLL(path), ctypes.c_void_p, ctypes.c_int
+    # Named by the sources' and torch's digest: processes running different sources (another
+    # checkout, an upgrade) never rebuild one library under each other, which would load a
+    # mismatched ABI. A library built before is loaded as it is: torch's builder would check it
+    # through ninja and the compiler first, seconds of subprocesses in a large process.
+    from engine.config import cache_dir
+    sources = b"".join(f.read_bytes() for f in sorted(_SRC.parent.iterdir())) + torch.__version__.encode()
+    name = f"freetoken_cpu_moe_{hashlib.sha256(sources).hexdigest()[:12]}"
+    where = cache_dir() / "extensions" / name
+    try:
+        lib = ctypes.CDLL(str(where / f"{name}.so"))
+    except OSError:  # not built yet (or another process is linking it: load() waits for it)
+        from torch.utils.cpp_extension import load
+        where.mkdir(parents=True, exist_ok=True)
+        lib = ctypes.CDLL(load(name, [str(_SRC)], extra_cflags=["-O3"], is_python_module=False,
+                               build_directory=str(where)))
+    p, i = ctypes.c_void_p, ctypes.c_int
     m, a = ctypes.POINTER(_Mat), ctypes.POINTER(_ExpertAct)
     for fn, args, res in [("pool_create", [i, p, i], p), ("pool_destroy", [p], None),
                           ("submit", [p, p, m, m, p, p, p] + [i] * 7 + [a], p),
