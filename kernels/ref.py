@@ -137,7 +137,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 def _flash_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether a prefill's causal attention runs in FlashAttention: CUDA from sm80, half precision,
     equal head widths up to 256 in multiples of 8. (SDPA with a mask runs the memory-efficient
-    kernel, 34 ms a layer for 16k tokens of Qwen3-30B-A3B's heads on an H200.)"""
+    kernel: 36 ms a layer for 16k tokens of Qwen3-30B-A3B's heads on an H200, against 7.2 ms.)"""
     D = q.shape[-1]
     return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and k.shape[-1] == v.shape[-1] == D
             and D <= 256 and D % 8 == 0 and torch.cuda.get_device_capability(q.device) >= (8, 0))
