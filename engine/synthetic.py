@@ -51,7 +51,7 @@ SHAPES = {
                             num_key_value_heads=2, head_dim=256, num_experts=256, num_experts_per_tok=8,
                             moe_intermediate_size=512, shared_expert_intermediate_size=512, vocab_size=248320,
                             linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-                            linear_value_head_dim=128),
+                            linear_value_head_dim=128, max_position_embeddings=262144),
     "tiny-hybrid": dict(QWEN35, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                         head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
                         shared_expert_intermediate_size=32, vocab_size=512, linear_num_key_heads=2,

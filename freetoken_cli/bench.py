@@ -241,6 +241,10 @@ def agent(model: Optional[str] = ModelArg,
     cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, longest, prefill_chunk=prefill_chunk,
                         state_checkpoints=state_checkpoints, kv_tokens=longest + distinct)
     runner = _load(cfg, model, synthetic, layers, None)
+    if runner.max_context < longest:  # else the turns past it would end at their first token
+        from engine.errors import UserError
+        raise UserError(f"the session's longest turn needs {longest} tokens of context, but the model holds "
+                        f"{runner.max_context}; lower --system-tokens")
     prof = _profile(runner, cpu_threads)
     runner.runtime.qstar.use_profile(prof)  # q* and the prefill's link estimate, as `run` and `serve` have them
     rows: list[dict] = []

@@ -372,6 +372,13 @@ def test_serve_refuses_a_port_in_use_in_one_line(tiny_hf):
         one_line_error(cli("serve", tiny_hf, "--port", s.getsockname()[1]), "already in use")
 
 
+def test_bench_agent_refuses_a_session_past_the_models_context():
+    """A turn past the model's context would end at its first token (no answer decoded, nothing
+    for the next turn's cache to reuse): refused before the session runs."""
+    one_line_error(cli("bench", "agent", "--synthetic", "tiny-hybrid", "--device", "cpu", "--system-tokens", 41000),
+                   "40960", "--system-tokens")
+
+
 def test_bench_agent_rows(tmp_path):
     """A hybrid model reuses checkpointed state on every turn after the first, even after the
     edits (earlier thinking dropped, old tool results cleared, the last turn's cut deepest in
