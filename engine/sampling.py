@@ -11,15 +11,13 @@ from engine.config import SamplingParams
 
 
 def sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
-               seen: list[int] = ()) -> int:
-    """logits [V] float32 -> token id. `seen`: the sequence's tokens so far (prompt and output),
-    whose logits a repetition penalty scales as transformers does (a positive one divided by it,
-    a negative one multiplied)."""
-    if p.repetition_penalty != 1.0 and seen:
-        ids = torch.tensor(sorted(set(seen)), device=logits.device)
-        picked = logits[ids]
-        logits = logits.index_put((ids,), torch.where(picked > 0, picked / p.repetition_penalty,
-                                                      picked * p.repetition_penalty))
+               seen: torch.Tensor | None = None) -> int:
+    """logits [V] float32 -> token id. `seen`: bool [V], the sequence's tokens so far (prompt and
+    output; `seen_mask`), whose logits a repetition penalty scales as transformers does (a
+    positive one divided by it, a negative one multiplied)."""
+    if p.repetition_penalty != 1.0 and seen is not None:
+        r = p.repetition_penalty
+        logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
     if p.temperature == 0:
         return int(logits.argmax())
     logits = logits / p.temperature
@@ -33,6 +31,15 @@ def sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | N
         logits = logits.scatter(0, order, sorted_l.masked_fill(drop, float("-inf")))
     probs = logits.softmax(-1).cpu()
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def seen_mask(tokens: list[int], vocab: int, device: torch.device) -> torch.Tensor:
+    """Bool [vocab], True at `tokens`: a sequence's penalty mask, kept as it grows (a set built
+    from its whole context at every step took 7 ms a token at 32k on the host)."""
+    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    if tokens:
+        mask[torch.tensor(tokens, device=device)] = True
+    return mask
 
 
 def generator(p: SamplingParams) -> torch.Generator | None:

@@ -30,6 +30,8 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+import torch
+
 from engine.config import SamplingParams
 from engine.constrain import Constraint, Grammars
 from engine.errors import UserError
@@ -38,7 +40,7 @@ from engine.kv.batch import ForwardBatch
 from engine.kv.checkpoints import HybridPrefixCache
 from engine.kv.radix import RadixCache
 from engine.kv.windows import SlidingPrefixCache
-from engine.sampling import generator, sample_row
+from engine.sampling import generator, sample_row, seen_mask
 
 _ids = itertools.count()
 PROMPT_ANCHORS = 8
@@ -60,6 +62,7 @@ class Sequence:
     error: Exception | None = None
     admitted: bool = False
     constraint: Constraint | None = None  # the grammar's state, when params.grammar is set
+    seen: torch.Tensor | None = None     # with a repetition penalty: its tokens' mask (sampling.seen_mask)
     id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self):
@@ -70,6 +73,10 @@ class Sequence:
     @property
     def output(self) -> list[int]:
         return self.tokens[self.n_prompt:]
+
+    @property
+    def n_output(self) -> int:
+        return len(self.tokens) - self.n_prompt
 
     @property
     def pending(self) -> int:
@@ -240,13 +247,17 @@ class Scheduler:
                 self._slide(s, n)
             if s.pending == 0:
                 forced = s.params.forced
-                if len(s.output) < len(forced):
-                    tok = forced[len(s.output)]
+                if s.params.repetition_penalty != 1.0 and s.seen is None:
+                    s.seen = seen_mask(s.tokens, row.numel(), row.device)
+                if s.n_output < len(forced):
+                    tok = forced[s.n_output]
                 else:
-                    tok = sample_row(s.constraint.mask(row) if s.constraint else row, s.params, s.gen, s.tokens)
+                    tok = sample_row(s.constraint.mask(row) if s.constraint else row, s.params, s.gen, s.seen)
                 if s.constraint:
                     s.constraint.advance(tok)
                 s.tokens.append(tok)
+                if s.seen is not None:
+                    s.seen[tok] = True
                 out.append((s, tok))
                 if self.anchors and self.anchors.at(s.tokens, s.n_cached) and s.n_cached - s.checkpointed >= GAP:
                     self._checkpoint(s)
@@ -306,7 +317,7 @@ class Scheduler:
     def _check_finish(self, s: Sequence, tok: int) -> None:
         if tok in self.eos and not s.params.ignore_eos:
             s.finish = "stop"
-        elif len(s.output) >= s.params.max_tokens:
+        elif s.n_output >= s.params.max_tokens:
             s.finish = "length"
         elif len(s.tokens) >= self.max_context:
             s.finish = "context"

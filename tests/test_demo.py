@@ -29,19 +29,23 @@ def test_demo_greedy_matches_transformers_and_is_stable(demo):
     tok = AutoTokenizer.from_pretrained(DEMO)
     ids = tok.apply_chat_template([{"role": "user", "content": "Return the number of items in the queue."}],
                                   add_generation_prompt=True, tokenize=True, return_dict=False)
-    outs = []
-    for _ in range(2):
+    def greedy(penalty: float) -> list[int]:
         sched = Scheduler(demo, {2}, 1, 2048, prefix_cache=False)
-        seq = Sequence(ids, SamplingParams(max_tokens=24))
+        seq = Sequence(ids, SamplingParams(max_tokens=24, repetition_penalty=penalty))
         sched.add(seq)
         while not seq.finish:
             sched.step()
-        outs.append(seq.output)
+        return seq.output
+    outs = [greedy(1.0), greedy(1.0)]
     ref = AutoModelForCausalLM.from_pretrained(DEMO, dtype=torch.float32).eval()
     want = ref.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,  # not the model's penalty
                         repetition_penalty=1.0)[0, len(ids):].tolist()
     assert outs[0] == outs[1] == want
     assert "def" in tok.decode(outs[0])
+    # a penalty over the prompt and every token sampled so far, the scheduler's mask kept step by step
+    want = ref.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+                        repetition_penalty=1.5)[0, len(ids):].tolist()
+    assert greedy(1.5) == want != outs[0]
 
 
 def train_demo():
@@ -107,14 +111,15 @@ def test_repetition_penalty_matches_transformers():
     from transformers import RepetitionPenaltyLogitsProcessor
 
     from engine.config import SamplingParams
-    from engine.sampling import sample_row
+    from engine.sampling import sample_row, seen_mask
     torch.manual_seed(0)
-    logits, seen = torch.randn(50), [3, 7, 7, 12, 40, 3]
-    want = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([seen]), logits[None].clone())[0]
+    logits, ids = torch.randn(50), [3, 7, 7, 12, 40, 3]
+    seen = seen_mask(ids, 50, logits.device)
+    want = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([ids]), logits[None].clone())[0]
     assert sample_row(logits, SamplingParams(repetition_penalty=1.3), None, seen) == int(want.argmax())
     logits[7] = logits.max() + 0.1  # a seen token on top: the penalty moves the greedy pick
     assert sample_row(logits, SamplingParams(), None, seen) == 7
     assert sample_row(logits, SamplingParams(repetition_penalty=5.0), None, seen) != 7
     p = SamplingParams(temperature=1.0, top_k=1, repetition_penalty=5.0)
-    want = RepetitionPenaltyLogitsProcessor(5.0)(torch.tensor([seen]), logits[None].clone())[0]
+    want = RepetitionPenaltyLogitsProcessor(5.0)(torch.tensor([ids]), logits[None].clone())[0]
     assert sample_row(logits, p, torch.Generator().manual_seed(0), seen) == int(want.argmax())
