@@ -21,12 +21,14 @@ def cache_dir() -> Path:
 def persist_compile_caches() -> None:
     """Keep compiled artifacts in the user cache directory, so every start after the first reuses
     them: TorchInductor's caches (FX graphs, AOTAutograd, its Triton kernels; by default under the
-    temporary directory, which a reboot or a fresh machine empties) and the Triton cache of the
-    engine's own kernels. Directories the user set win. The engine package calls this when it is
-    imported, before torch can fix its own default."""
+    temporary directory, which a reboot or a fresh machine empties), the Triton cache of the
+    engine's own kernels and torch's extension builds (the C++ CPU executor). Directories the
+    user set win. The engine package calls this when it is imported, before torch can fix its
+    own default."""
     root = cache_dir() / "compile"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(root / "extensions"))
 
 
 def bytecode_prefix(package: str = "torch") -> str | None:

@@ -41,19 +41,19 @@ def _build() -> ctypes.CDLL:
     # image); the SIMD paths are per-function targets picked at run time instead.
     # Named by the sources' and torch's digest: processes running different sources (another
     # checkout, an upgrade) never rebuild one library under each other, which would load a
-    # mismatched ABI. A library built before is loaded as it is: torch's builder would check it
-    # through ninja and the compiler first, seconds of subprocesses in a large process.
-    from engine.config import cache_dir
+    # mismatched ABI. Where the build root is set (the engine sets it: engine.config), a library
+    # built before is loaded as it is: torch's builder would check it through ninja and the
+    # compiler first, seconds of subprocesses in a large process.
     sources = b"".join(f.read_bytes() for f in sorted(_SRC.parent.iterdir())) + torch.__version__.encode()
     name = f"freetoken_cpu_moe_{hashlib.sha256(sources).hexdigest()[:12]}"
-    where = cache_dir() / "extensions" / name
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
     try:
-        lib = ctypes.CDLL(str(where / f"{name}.so"))
+        lib = ctypes.CDLL(os.path.join(root, name, f"{name}.so")) if root else None
     except OSError:  # not built yet (or another process is linking it: load() waits for it)
+        lib = None
+    if lib is None:
         from torch.utils.cpp_extension import load
-        where.mkdir(parents=True, exist_ok=True)
-        lib = ctypes.CDLL(load(name, [str(_SRC)], extra_cflags=["-O3"], is_python_module=False,
-                               build_directory=str(where)))
+        lib = ctypes.CDLL(load(name, [str(_SRC)], extra_cflags=["-O3"], is_python_module=False))
     p, i = ctypes.c_void_p, ctypes.c_int
     m, a = ctypes.POINTER(_Mat), ctypes.POINTER(_ExpertAct)
     for fn, args, res in [("pool_create", [i, p, i], p), ("pool_destroy", [p], None),

@@ -210,6 +210,19 @@ def test_missing_compiler_falls_back_with_one_line(monkeypatch, capsys):
     assert len(err) == 1 and "falls back to torch" in err[0] and "not found" in err[0]
 
 
+def test_a_built_library_loads_without_torchs_builder():
+    """Once built under the engine's extension root, a new process loads the library as it is,
+    without torch's builder (whose ninja and compiler checks took seconds of every start)."""
+    import subprocess
+    import sys
+    if not cpu_executor_available():
+        pytest.skip("no C++ compiler here")
+    code = ("import sys, engine; from kernels import cpu_executor as c; assert c._library() is not None; "
+            "print('torch.utils.cpp_extension' in sys.modules)")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600) for _ in range(2)]
+    assert [r.stdout.strip() for r in runs][1:] == ["False"], [r.stdout + r.stderr for r in runs]  # the first may build
+
+
 def test_more_threads_than_allowed_are_capped(monkeypatch):
     """A pool never has more workers than the cores left beside the host threads (on a 4-core
     machine: 2), however many are asked for, and still computes."""
