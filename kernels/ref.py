@@ -106,11 +106,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         k, v = k.transpose(0, 1), v.transpose(0, 1)                   # [Hkv, ctx - lo, D]
         qb = q[start:start + ql].transpose(0, 1)                      # [Hq, ql, D]
         start += ql
-        gqa = k.shape[0] != qb.shape[0]
         if ql > 1 and not window and sinks is None and _flash_prefill(qb, k, v):
             # FlashAttention's causal mask is aligned to the last key, as a chunk after cached
-            # tokens needs (SDPA's is_causal aligns it to the first)
-            k, v = (t.repeat_interleave(qb.shape[0] // t.shape[0], 0) if gqa else t for t in (k, v))
+            # tokens needs (SDPA's is_causal aligns it to the first); it reads grouped K/V as they are
             o = torch.ops.aten._scaled_dot_product_flash_attention(qb[None], k[None], v[None], 0.0, True,
                                                                    scale=scale)[0][0]
             out.append(o.transpose(0, 1))
@@ -124,6 +122,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                 mask &= kpos > qpos - window
         # 4-D inputs (a batch of 1), and with a mask K/V expanded to every query head: the fused
         # kernels take nothing else, and the math fallback materialises [heads, T, ctx] scores
+        gqa = k.shape[0] != qb.shape[0]
         if (mask is not None or sinks is not None) and gqa:
             k, v, gqa = *(t.repeat_interleave(qb.shape[0] // t.shape[0], 0) for t in (k, v)), False
         if sinks is not None:
