@@ -49,6 +49,26 @@ def test_a_sequence_leaves_its_callers_prompt_alone():
     assert prompt == [5, 6, 7] and seq.n_prompt == 3
 
 
+def test_a_sequences_page_array_follows_its_pages():
+    """The int32 copy a step's batch reads grows with the pages list and is made anew for a new
+    list; the batch's page table and KV slots are the same from it as from the list."""
+    from engine.kv.batch import ForwardBatch
+    seq = Sequence([1, 2, 3], SamplingParams(max_tokens=2))
+    seq.pages += [7, 3]
+    first = seq.page_array()
+    assert first.tolist() == [7, 3] and seq.page_array() is first
+    seq.pages += [9]
+    assert seq.page_array().tolist() == [7, 3, 9]
+    seq.pages = [4]
+    assert seq.page_array().tolist() == [4]
+    seq.pages = [7, 3, 9]
+    steps = [([5, 6, 7, 8, 9], 6, seq.page_array()), ([1], 2, [2])]
+    a, b = (ForwardBatch.build([(n, s, p if i else list(p)) for n, s, p in steps], 4, torch.device("cpu"))
+            for i in (0, 1))
+    assert torch.equal(a.page_table, b.page_table) and torch.equal(a.slots, b.slots)
+    assert a.slots.tolist() == [3 * 4 + 2, 3 * 4 + 3, 9 * 4, 9 * 4 + 1, 9 * 4 + 2, 2 * 4 + 2]
+
+
 def test_second_turn_reuses_prefix_and_side_request_keeps_it(tiny_model):
     e = load(tiny_model("qwen3_moe")[2], kv_tokens=256)
     sched = Scheduler(e, set(), 2, 64)

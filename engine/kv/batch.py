@@ -32,9 +32,10 @@ class ForwardBatch:
               device: torch.device, all_logits: bool = False, states: list[int] | None = None,
               snapshots: tuple[tuple[int, int, int], ...] = (),
               sliding: list[list[int]] | None = None) -> "ForwardBatch":
-        """seqs: (new token ids, tokens already in KV, page ids) per sequence; states: their
-        recurrent-state slots; snapshots: where linear layers save states mid-sequence; sliding:
-        their pages in the sliding layers' pool (models with sliding-window layers)."""
+        """seqs: (new token ids, tokens already in KV, page ids: a list or an int32 array) per
+        sequence; states: their recurrent-state slots; snapshots: where linear layers save states
+        mid-sequence; sliding: their pages in the sliding layers' pool (models with sliding-window
+        layers)."""
         ids, pos, rows, q_lens, ctx_lens = [], [], [], [], []
         for new, start, _ in seqs:
             n = len(new)
@@ -51,9 +52,9 @@ class ForwardBatch:
             table = np.zeros((len(page_lists), max(len(p) for p in page_lists)), np.int32)
             for row, pages in zip(table, page_lists):  # numpy converts a list ~4x faster than torch.tensor
                 row[:len(pages)] = pages
-            slots = [pages[p // page_size] * page_size + p % page_size
-                     for (new, start, _), pages in zip(seqs, page_lists) for p in range(start, start + len(new))]
-            return torch.from_numpy(table).to(device), t(slots)
+            at = [np.arange(start, start + len(new)) for new, start, _ in seqs]  # the new tokens' positions
+            slots = np.concatenate([row[p // page_size] * page_size + p % page_size for row, p in zip(table, at)])
+            return torch.from_numpy(table).to(device), torch.from_numpy(slots.astype(np.int64)).to(device)
         table, slots = paged([p for _, _, p in seqs])
         sliding_table, sliding_slots = paged(sliding) if sliding is not None else (None, None)
         return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, torch.int32), table, slots, t(rows),
