@@ -271,11 +271,15 @@ def saved(fmt: str = "bfloat16") -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def default_threads() -> int | None:
-    """CPU expert threads when none are asked for: the saved (bf16) profile's, the pick of its
-    sweep; None without one (the executor's default, every core the host threads leave)."""
-    prof = saved()
-    return prof.get("cpu_threads") if prof else None
+def default_threads(fmt: str = "bfloat16") -> int | None:
+    """CPU expert threads when none are asked for: the pick of the sweep of the saved profile of
+    experts in `fmt` (a dequantizing format may be bound by arithmetic and scale to more cores
+    than bf16), else of the bf16 one; None without either (the executor's default, every core
+    the host threads leave)."""
+    for f in dict.fromkeys((fmt if fmt in FORMATS else "bfloat16", "bfloat16")):
+        if (prof := saved(f)) and prof.get("cpu_threads"):
+            return prof["cpu_threads"]
+    return None
 
 
 def load_or_measure(threads: int | None = None, say=print, fmt: str = "bfloat16") -> dict:

@@ -175,6 +175,11 @@ def test_thread_count_from_the_profile(monkeypatch, tmp_path):
         assert pool.threads == 2
         assert rebuild_experts(runner, runner.runtime.store, replace(cfg, cpu_threads=2)).cpu is pool
         assert rebuild_experts(runner, runner.runtime.store, cfg).cpu.threads == 3 and pool._pool is None
+        save({"machine": machine(), "format": "int4", "cpu_threads": 5})  # int4's own sweep picked 5
+        assert default_threads("int4") == 5 and default_threads("mxfp4") == default_threads() == 3
+        quantized = load_synthetic(cfg, "tiny", quant="int4")
+        assert quantized.runtime.cpu.threads == 5
+        quantized.runtime.cpu.close()
     finally:
         runner.runtime.cpu.close()
 

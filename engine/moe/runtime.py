@@ -41,11 +41,11 @@ class ExpertRuntime:
     @property
     def cpu(self):
         """The CPU expert executor, started on first use (fetch-only runs never need it), with
-        cpu_threads workers, else the machine profile's count."""
+        cpu_threads workers, else the machine profile's count for the experts' format."""
         if self._cpu is None:
             from engine.profile import default_threads
             from kernels.cpu_executor import CPUExecutor
-            self._cpu = CPUExecutor(self.cpu_threads or default_threads())
+            self._cpu = CPUExecutor(self.cpu_threads or default_threads(self.store.layout.dtype))
         return self._cpu
 
     def before_step(self) -> None:
