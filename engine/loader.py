@@ -151,7 +151,8 @@ def load_synthetic(config: EngineConfig, shape: str, layers: int | None = None, 
     random_dense(model, gen)
     to_device(model.to(dtype), device)
     clock.mark("dense")
-    store = HostExpertStore.empty(len(cfg.moe_layer_ids), this_rank(cfg.num_experts), expert_layout(cfg, quant and (quant, DEFAULT_GROUP[quant])))
+    layout = expert_layout(cfg, quant and (quant, DEFAULT_GROUP[quant]))
+    store = HostExpertStore.empty(len(cfg.moe_layer_ids), this_rank(cfg.num_experts), layout)
     random_banks(store, DTYPES[cfg.dtype], gen, progress=progress and (lambda d, n: progress("experts", d, n)))
     clock.mark("build")  # random experts written in place of the read
     return assemble(config, cfg, model, store, device, dtype, None, clock)

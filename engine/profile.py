@@ -276,7 +276,7 @@ def default_threads(fmt: str = "bfloat16") -> int | None:
     experts in `fmt` (a dequantizing format may be bound by arithmetic and scale to more cores
     than bf16), else of the bf16 one; None without either (the executor's default, every core
     the host threads leave)."""
-    for f in dict.fromkeys((fmt if fmt in FORMATS else "bfloat16", "bfloat16")):
+    for f in (fmt, "bfloat16"):  # a float format has no profile of its own
         if (prof := saved(f)) and prof.get("cpu_threads"):
             return prof["cpu_threads"]
     return None

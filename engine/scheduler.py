@@ -47,7 +47,7 @@ _ids = itertools.count()
 PROMPT_ANCHORS = 8
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: compared (in, remove) by identity, never by its fields
 class Sequence:
     tokens: list[int]                    # prompt + generated
     params: SamplingParams
@@ -65,7 +65,7 @@ class Sequence:
     constraint: Constraint | None = None  # the grammar's state, when params.grammar is set
     seen: torch.Tensor | None = None     # with a repetition penalty: its tokens' mask (sampling.seen_mask)
     id: int = field(default_factory=lambda: next(_ids))
-    _page_array: tuple | None = field(default=None, repr=False, compare=False)  # (the pages list, its int32 copy)
+    _page_array: tuple | None = field(default=None, repr=False)  # (the pages list, its int32 copy)
 
     def __post_init__(self):
         self.tokens = list(self.tokens)  # its own list: the caller's prompt stays as it was
