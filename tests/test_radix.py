@@ -47,6 +47,10 @@ def test_a_sequence_leaves_its_callers_prompt_alone():
     seq = Sequence(prompt, SamplingParams(max_tokens=2))
     seq.tokens.append(8)
     assert prompt == [5, 6, 7] and seq.n_prompt == 3
+    twin = Sequence(prompt, SamplingParams(max_tokens=2, repetition_penalty=1.2))
+    other = Sequence(prompt, twin.params)
+    twin.seen = other.seen = torch.ones(4, dtype=torch.bool)  # tensor fields: compared by identity only
+    assert twin != other and other not in [twin] and [twin, other].index(other) == 1
 
 
 def test_a_sequences_page_array_follows_its_pages():
