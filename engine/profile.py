@@ -284,12 +284,19 @@ def default_threads(fmt: str = "bfloat16") -> int | None:
 
 def load_or_measure(threads: int | None = None, say=print, fmt: str = "bfloat16") -> dict:
     """The saved profile of this machine for experts in `fmt` (a slot layout's dtype; float ones
-    use bfloat16's), or a quick measurement (and a note saying so)."""
+    use bfloat16's); else the quick measurement an earlier start saved for these threads; else a
+    quick one now (< 3 s, and a note saying so), saved beside for the next start. A quick profile
+    picks no default threads (default_threads reads only `freetoken profile`'s)."""
     fmt = fmt if fmt in FORMATS else "bfloat16"
     prof = saved(fmt)
     if prof is not None:
         return prof
+    quick = profile_path(machine(), fmt).with_suffix(f".quick{threads or 0}.json")
+    if quick.exists():
+        return json.loads(quick.read_text())
     flag = "" if fmt == "bfloat16" else f" --format {fmt}"
     say(f"no bandwidth profile of {fmt} experts for this machine (run `freetoken profile{flag}` once); "
         "measuring quickly")
-    return measure(quick=True, threads=threads, fmt=fmt)
+    res = measure(quick=True, threads=threads, fmt=fmt)
+    save(res, quick)
+    return res

@@ -113,3 +113,24 @@ def test_profile_measures_b_h_on_the_format(tmp_path, monkeypatch):
     from engine.errors import UserError
     with pytest.raises(UserError, match="int4, int8, fp8, mxfp4"):
         profile.measure(quick=True, fmt="int3")
+
+
+def test_a_quick_profile_is_measured_once_for_its_threads(tmp_path, monkeypatch):
+    """Without a saved profile a start measures quickly and saves that measurement for its threads
+    (the next start reuses it, silently); other threads measure their own; a full profile wins."""
+    from engine import profile
+    monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path))
+    calls = []
+
+    def measure(quick=False, threads=None, fmt="bfloat16"):
+        calls.append(threads)
+        return {"machine": profile.machine(), "quick": quick, "format": fmt, "cpu_threads": threads or 3}
+    monkeypatch.setattr(profile, "measure", measure)
+    said = []
+    first = profile.load_or_measure(2, say=said.append)
+    assert profile.load_or_measure(2, say=said.append) == first and calls == [2] and len(said) == 1
+    profile.load_or_measure(None, say=said.append)
+    assert calls == [2, None] and profile.default_threads() is None   # quick ones pick no threads
+    full = dict(first, quick=False, cpu_threads=5)
+    profile.save(full)
+    assert profile.load_or_measure(2) == full and profile.default_threads() == 5 and calls == [2, None]
