@@ -50,16 +50,25 @@ def model_key(model: str | None) -> str:
     return str(path.resolve()) if path.exists() else str(model)
 
 
-def ensure_ftw(model: str | None, dtype: str = "auto",
-               progress: Callable[[int, int], None] | None = None) -> Path:
-    """Return an FTW directory for MODEL (None = the embedded demo model), converting if needed."""
-    from engine.convert import convert, fingerprint, target_dtype
-    from engine.models import model_config, read_hf_config
+def ftw_dir(model: str | None) -> Path | None:
+    """MODEL's FTW directory if it is one, or names a converted model in the cache (no
+    conversion, no download, no torch); else None."""
     path = Path(model).expanduser() if model else DEMO
     if is_ftw(path):
         return path
     if model and is_ftw(models_dir() / model):
         return models_dir() / model
+    return None
+
+
+def ensure_ftw(model: str | None, dtype: str = "auto",
+               progress: Callable[[int, int], None] | None = None) -> Path:
+    """Return an FTW directory for MODEL (None = the embedded demo model), converting if needed."""
+    if (found := ftw_dir(model)) is not None:
+        return found
+    from engine.convert import convert, fingerprint, target_dtype
+    from engine.models import model_config, read_hf_config
+    path = Path(model).expanduser() if model else DEMO
     src = hf_source(str(path))
     dt = target_dtype(model_config(read_hf_config(src)), dtype)
     fp = fingerprint(src, dt)

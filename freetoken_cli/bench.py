@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, Gpus, ModelArg, Policy, Progress, WorldSize,
-                                  engine_config, user_errors)
+                                  engine_config, start_expert_read, user_errors)
 from freetoken_cli.quality import quality
 
 Synthetic = typer.Option(None, help="random weights of a real shape: qwen3-30b-a3b, qwen3-235b-a22b, "
@@ -165,11 +165,13 @@ def startup(model: Optional[str] = ModelArg,
     """The phases of a cold `run` (read beside the disk's bound, pin, compile, capture, first prefill)."""
     import time
     import psutil
+    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
+    if not synthetic:
+        start_expert_read(cfg)  # as `run` does
     from engine.bench.startup import report
     from engine.dist import one_rank
     one_rank("bench startup")
     started, imported = psutil.Process().create_time(), time.time()
-    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
     runner = _load(cfg, model, synthetic, layers, quant)
     loaded, t0 = time.time(), time.perf_counter()
     if cfg.moe_policy == "adaptive":  # as `run` does

@@ -57,6 +57,16 @@ def engine_config(model: Optional[str], device: str, expert_budget: str, moe_pol
                         max_context=max_context, graph=False if no_graph else None, **extra)
 
 
+def start_expert_read(cfg) -> None:
+    """Start reading the model's expert banks now, before torch is imported (ftw.early), where
+    the load will adopt them: the model is an FTW directory (or a converted model's name), one
+    process loads all its experts, and no --verify reads everything first."""
+    from engine.resolve import ftw_dir
+    if cfg.ranks == 1 and not cfg.verify and (path := ftw_dir(cfg.model)) is not None:
+        from ftw import early
+        early.start(path)
+
+
 # the model and memory options every engine command takes
 Budget = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB, 512MiB, auto")
 Device = typer.Option("auto", help="cuda | cpu | auto")

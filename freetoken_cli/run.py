@@ -10,7 +10,8 @@ from typing import Optional
 import typer
 
 from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, Device, Elastic, Gpus, ModelArg, NoGraph, Policy,
-                                  Progress, Threads, Verify, WorldSize, check_writable, engine_config, user_errors)
+                                  Progress, Threads, Verify, WorldSize, check_writable, engine_config, start_expert_read,
+                                  user_errors)
 
 
 @user_errors
@@ -66,6 +67,7 @@ def run(model: Optional[str] = ModelArg,
             if verbose:
                 typer.echo(f"(answered by the server at {server[0]}; its /v1/stats has the engine's statistics)", err=True)
             return
+    start_expert_read(cfg)
     from engine.llm import LLM
     bar = Progress(quiet=as_json)
     try:

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from freetoken_cli.common import (Budget, Checkpoints, Chunk, Context, Device, Elastic, Gpus, ModelArg, NoGraph, Policy,
-                                  Threads, Verify, WorldSize, engine_config, fail, user_errors)
+                                  Threads, Verify, WorldSize, engine_config, fail, start_expert_read, user_errors)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # the address and key options also tell `run` where to find a server (freetoken_cli.client)
@@ -50,14 +50,15 @@ def serve(model: Optional[str] = ModelArg,
           gpus: Optional[str] = Gpus,
           log_level: str = typer.Option("info", help="uvicorn log level")):
     """Serve MODEL to agents: /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages."""
+    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context, no_graph,
+                        max_running=max_running, prefill_chunk=prefill_chunk, verify=verify, elastic=elastic,
+                        state_checkpoints=state_checkpoints, world_size=world_size, gpus=gpus)
+    start_expert_read(cfg)
     import uvicorn
 
     from engine.dist import follow_if_worker
     from engine.llm import LLM
     from engine.server.app import create_app
-    cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context, no_graph,
-                        max_running=max_running, prefill_chunk=prefill_chunk, verify=verify, elastic=elastic,
-                        state_checkpoints=state_checkpoints, world_size=world_size, gpus=gpus)
     follow_if_worker(cfg)  # under torchrun, ranks other than 0 follow rank 0 from here (they never listen)
     failed, loaded = [], threading.Event()
 

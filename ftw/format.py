@@ -1,9 +1,10 @@
-"""FTW constants, the per-tensor index entry, and the one error type.
+"""FTW constants (from ftw.spec), the per-tensor index entry, and the one error type.
 
 An FTW checkpoint is a directory: `ftw.json` (the index), shard files holding raw
 little-endian tensor bytes at 4096-aligned offsets, and side files copied verbatim
-(config.json, tokenizer files). FORMAT.md is the normative spec; this module is the single
-home of every number and name in it, shared by the writer and the reader.
+(config.json, tokenizer files). FORMAT.md is the normative spec; this module and ftw.spec (the
+part that needs no torch) are the single home of every number and name in it, shared by the
+writer and the readers.
 """
 from __future__ import annotations
 
@@ -13,29 +14,14 @@ from typing import Any
 
 import torch
 
-FORMAT_NAME = "ftw"
-FORMAT_VERSION = 2            # written; see FORMAT.md section 6
-READ_VERSIONS = (1, 2)        # read: v1 differs only in what its tensors may hold
-INDEX_NAME = "ftw.json"
-ALIGN = 4096                  # bytes; every tensor offset and on-disk extent is a multiple
-SHARD_BYTES = 4 << 30         # start a new shard when the next tensor would pass 4 GiB
-CHUNK_BYTES = 64 << 20        # bytes per read/write syscall, keeps each call bounded
-SHARD_NAME = "shard-{:05d}.ftw"
+from .spec import (ALIGN, CHUNK_BYTES, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, READ_VERSIONS,  # noqa: F401
+                   SHARD_BYTES, SHARD_NAME, FTWError, align_up)
 
 # every dtype FTW stores, by its index name: the one table of dtype names in FreeToken
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in (
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,
     torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2)}
-
-
-class FTWError(Exception):
-    """A problem with an FTW directory or its use; the message is one line saying what to do."""
-
-
-def align_up(n: int, align: int = ALIGN) -> int:
-    """Smallest multiple of `align` that is >= n."""
-    return -(-n // align) * align
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -12,7 +12,6 @@ so `out` may be a view into a larger buffer. Reads may come from several threads
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import math
@@ -25,8 +24,9 @@ from typing import Any, Iterable
 
 import torch
 
-from .format import (ALIGN, CHUNK_BYTES, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, READ_VERSIONS,
-                     FTWError, TensorInfo, align_up, byte_view, is_safe_relpath)
+from .format import (ALIGN, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, READ_VERSIONS, FTWError, TensorInfo,
+                     align_up, byte_view, is_safe_relpath)
+from .io import open_direct, pread
 
 PIECE_BYTES = 16 << 20   # one thread's request of a large read
 READ_THREADS = 8         # requests in flight
@@ -137,7 +137,7 @@ class FTWReader:
         with self._lock:
             if shard not in self._fds:
                 p = self.path / shard
-                self._fds[shard] = (_open_direct(p) if self.use_direct else None, os.open(p, os.O_RDONLY))
+                self._fds[shard] = (open_direct(p) if self.use_direct else None, os.open(p, os.O_RDONLY))
             return self._fds[shard]
 
     def _read_spans(self, shard: str, spans: list[tuple[memoryview, int, int]]) -> None:
@@ -154,42 +154,12 @@ class FTWReader:
                   for a in range(0, len(dst), PIECE_BYTES)]
         if self._pool is None or len(pieces) <= 1:
             for piece in pieces:
-                _pread(*piece)
+                pread(*piece)
         else:
-            for job in [self._pool.submit(_pread, *piece) for piece in pieces]:
+            for job in [self._pool.submit(pread, *piece) for piece in pieces]:
                 job.result()
         with self._lock:
             self.direct_bytes += body_bytes
-
-
-def _open_direct(path: Path) -> int | None:
-    """An O_DIRECT fd of a shard, or None where the filesystem refuses direct I/O (EINVAL at the
-    open or at a first aligned read, which is tried here, before any concurrent use)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError as e:
-        if e.errno != errno.EINVAL:
-            raise
-        return None
-    try:
-        os.preadv(fd, [byte_view(aligned_empty((ALIGN,), torch.uint8))], 0)
-    except OSError as e:
-        os.close(fd)
-        if e.errno != errno.EINVAL:
-            raise
-        return None
-    return fd
-
-
-def _pread(fd: int, dst: memoryview, offset: int) -> None:
-    """Fill `dst` from file offset `offset`, at most CHUNK_BYTES per syscall."""
-    pos = 0
-    while pos < len(dst):
-        got = os.preadv(fd, [dst[pos:pos + CHUNK_BYTES]], offset + pos)
-        if got == 0:
-            raise FTWError(f"a shard ended early at byte {offset + pos} (it changed after opening); "
-                           "re-run `freetoken convert`")
-        pos += got
 
 
 def _reconvert(path: Path) -> str:

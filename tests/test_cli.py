@@ -53,7 +53,10 @@ def test_help_is_instant_and_imports_no_torch():
     assert time.perf_counter() - t0 < 3.0  # a fresh interpreter included; well under 1 s when warm
 
 
-def test_convert_then_run_json(tiny_hf, tmp_path):
+def test_convert_then_run_json(tiny_hf, tmp_path, monkeypatch):
+    from ftw import early
+    started, start = [], early.start
+    monkeypatch.setattr(early, "start", lambda p: started.append(p) or start(p))
     out = tmp_path / "ftw"
     r = cli("convert", tiny_hf, out)
     assert r.exit_code == 0, r.output
@@ -67,6 +70,7 @@ def test_convert_then_run_json(tiny_hf, tmp_path):
     assert len(res["token_ids"]) == 8 and isinstance(res["text"], str)
     for key in ("prefill_tok_s", "decode_tok_s", "expert_hits", "expert_misses", "bytes_filled"):
         assert key in res["stats"]
+    assert started == [out] and early.take(out) is None  # the experts' read began before the load, which took it
 
 
 def test_run_hf_directory_converts_once(tiny_hf):

@@ -240,6 +240,8 @@ def test_store_loads_in_the_background():
     layout = SlotLayout.for_experts(8, 4, torch.float32)
 
     class Reader:
+        path = "/no/such/ftw"  # no early read began for it (ftw.early)
+
         def __init__(self, fail=None):
             self.reads, self.fail, self.go, self.inside = [], fail, threading.Event(), threading.Event()
 
@@ -285,3 +287,29 @@ def test_store_loads_in_the_background():
     store.wait()
     assert len(r.reads) == 2
 
+
+
+def test_expert_read_started_before_torch_is_adopted_by_the_load(tiny_model):
+    """ftw.early reads the banks of an FTW directory without torch (a process that imports it and
+    the CLI's helpers has not imported torch); the load adopts that buffer instead of reading
+    again, once, and greedy tokens are those of a load that read the banks itself."""
+    import subprocess
+    import sys
+    from ftw import FTWReader, early
+    _, _, ftw = tiny_model("qwen3_moe")
+    code = ("import sys, ftw.early, freetoken_cli.common, engine.resolve; "
+            f"r = ftw.early.start({str(ftw)!r}); r.wait(); assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(4)).tolist()
+    want = greedy(load(ftw), prompt, 8)
+    read = early.start(ftw)
+    assert early.start(ftw) is read                       # one read per directory
+    e = load(ftw)
+    store = e.runtime.store
+    assert store._early is read and early.take(ftw) is None
+    store.wait()
+    with FTWReader(ftw) as r:  # the same bytes as the reader's, bank by bank
+        for bank, layer in zip(store.banks, e.cfg.moe_layer_ids):
+            assert torch.equal(bank, r.read(f"model.layers.{layer}.mlp.experts"))
+    assert greedy(e, prompt, 8) == want
+    assert not read.fits([0], (1, 1)) and early.start(ftw / "nowhere") is None

@@ -127,8 +127,8 @@ def test_read_rows(tmp_path, monkeypatch):
     _write(tmp_path / "m", ts)
     r = FTWReader(tmp_path / "m")
     monkeypatch.setattr(ftw.reader, "PIECE_BYTES", ALIGN)
-    threads, pread = [], ftw.reader._pread
-    monkeypatch.setattr(ftw.reader, "_pread", lambda *a: (threads.append(threading.current_thread().name), pread(*a)))
+    threads, pread = [], ftw.reader.pread
+    monkeypatch.setattr(ftw.reader, "pread", lambda *a: (threads.append(threading.current_thread().name), pread(*a)))
     rows = [0, 2, 3, 4, 8]
     got = r.read_rows("bank", rows, aligned_empty((5, 2 * ALIGN), torch.uint8))
     assert torch.equal(got, ts["bank"][rows])

@@ -2,8 +2,9 @@
 bank per layer in the runtime slot layout. It is the source of truth for the device cache and
 the memory the CPU executor computes from. Banks are read straight into their final buffers, on
 a background thread while the loader sets up everything that needs only their addresses, and
-pinned after they are filled when CUDA is present. With experts spread over ranks, a store holds
-and reads only its rank's experts (engine.moe.shard), indexed by local id."""
+pinned after they are filled when CUDA is present; or adopted from the read that ftw.early began
+before torch was imported. With experts spread over ranks, a store holds and reads only its
+rank's experts (engine.moe.shard), indexed by local id."""
 from __future__ import annotations
 
 import threading
@@ -45,6 +46,7 @@ class HostExpertStore:
         self.read_seconds: float | None = None  # how long load()'s background read took
         self._loading: Future | None = None
         self._stop = threading.Event()
+        self._early = None  # an ftw.early read whose buffer holds the rows
 
     @property
     def n_experts(self) -> int:
@@ -81,6 +83,12 @@ class HostExpertStore:
         addresses are usable at once, its contents after wait(). With pin, that thread first
         zeroes the buffer (its pages faulted in on every core) and page-locks it, so fills and
         the warm-up steps can read rows before the read ends (unread rows compute zeros)."""
+        from ftw.early import take
+        early = take(reader.path) if shard.world == 1 else None
+        if early is not None and early.fits(layers, (shard.n_local, layout.slot_bytes)):
+            return HostExpertStore._adopt(early, shard, layout, progress, pin)
+        if early is not None:
+            early.close()
         store = HostExpertStore.empty(len(layers), shard, layout)
 
         def read() -> float:
@@ -103,6 +111,25 @@ class HostExpertStore:
         pool.shutdown(wait=False)
         return store
 
+    @staticmethod
+    def _adopt(early, shard: ExpertShard, layout: SlotLayout, progress: Callable[[int], None] | None,
+               pin: bool) -> "HostExpertStore":
+        """A store over the buffer of the banks' read that ftw.early started before torch was
+        imported (its unread rows are zero, as load()'s are); its thread page-locks the buffer,
+        then waits for that read."""
+        store = HostExpertStore(torch.frombuffer(early.buffer, dtype=torch.uint8).view(-1, layout.slot_bytes),
+                                shard, layout)
+        store._early = early  # keeps the mapping for as long as the store
+
+        def read() -> float:
+            if pin:
+                store.pin()
+            return early.wait(progress)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="expert-read")
+        store._loading = pool.submit(read)
+        pool.shutdown(wait=False)
+        return store
+
     def wait(self) -> None:
         """Block until load()'s read is done (its error raised here); at once for a store that
         is not loading."""
@@ -114,6 +141,8 @@ class HostExpertStore:
         """Abandon load()'s read (the load failed elsewhere): the bank in flight finishes, no
         other starts, and the read's own error, if any, is dropped."""
         self._stop.set()
+        if self._early is not None:
+            self._early.close()
         if self._loading is not None:
             self._loading.exception()
             self._loading = None

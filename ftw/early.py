@@ -1,0 +1,126 @@
+"""Start reading an FTW directory's expert banks before torch is imported.
+
+A start of `run` or `serve` spends seconds importing torch and the engine and reading the dense
+weights before the load reaches the experts, while the disk, which bounds the start, waits.
+`start(path)` needs only the index (JSON) and os.preadv: it reads every bank named like
+`model.layers.N.mlp.experts`, in layer order, into one anonymous memory map (page-aligned, so
+O_DIRECT reads land in it, and zero where not yet read), with as many requests in flight as
+FTWReader keeps. The host expert store later adopts that buffer (`take(path)`, in
+engine.moe.store) instead of reading the banks itself, and waits for this read where it would
+have waited for its own. A directory whose index cannot be read starts nothing here: the load
+reports it. Nothing here imports torch."""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from .io import open_direct, pread
+from .spec import ALIGN, INDEX_NAME
+
+BANK = re.compile(r"model\.layers\.(\d+)\.mlp\.experts")
+PIECE_BYTES = 16 << 20   # as FTWReader's
+READ_THREADS = 8
+
+_started: dict[str, "EarlyRead"] = {}
+_lock = threading.Lock()
+
+
+class EarlyRead:
+    """The banks (layer, shard, file offset, shape) of one directory, being read into `buffer`
+    back to back in layer order."""
+
+    def __init__(self, path: Path, banks: list[tuple[int, str, int, tuple[int, ...]]]):
+        self.path, self.layers = path, [b[0] for b in banks]
+        self.shapes = [b[3] for b in banks]
+        sizes = [_numel(shape) for *_, shape in banks]
+        self.buffer = mmap.mmap(-1, max(1, sum(sizes)))
+        self.t0, self._t1 = time.perf_counter(), 0.0
+        self._fds: dict[str, tuple] = {}
+        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="ftw-early")
+        self._banks: list[tuple[int, list]] = []
+        view, pos = memoryview(self.buffer), 0
+        for (_, shard, offset, _), n in zip(banks, sizes):
+            direct, plain = self._open(shard)
+            dst = view[pos:pos + n]
+            body = n - n % ALIGN if direct is not None and pos % ALIGN == 0 else 0
+            parts = [(direct, dst[:body], offset), (plain, dst[body:], offset + body)]
+            futs = [self._pool.submit(self._piece, fd, d[a:a + PIECE_BYTES], off + a)
+                    for fd, d, off in parts for a in range(0, len(d), PIECE_BYTES)]
+            self._banks.append((n, futs))
+            pos += n
+
+    def _open(self, shard: str) -> tuple:
+        if shard not in self._fds:
+            p = self.path / shard
+            self._fds[shard] = (open_direct(p), os.open(p, os.O_RDONLY))
+        return self._fds[shard]
+
+    def _piece(self, fd: int, dst: memoryview, offset: int) -> None:
+        pread(fd, dst, offset)
+        self._t1 = max(self._t1, time.perf_counter())
+
+    def fits(self, layers: list[int], shape: tuple[int, int]) -> bool:
+        """Whether these are the banks of `layers`, each of `shape` ([experts, slot bytes])."""
+        return self.layers == list(layers) and all(tuple(s) == tuple(shape) for s in self.shapes)
+
+    def wait(self, progress: Callable[[int], None] | None = None) -> float:
+        """Block until every bank is read (progress(bytes) after each, in order) -> the read's
+        seconds from its start; the read's error, if any, is raised here."""
+        try:
+            for n, futs in self._banks:
+                for f in futs:
+                    f.result()
+                if progress:
+                    progress(n)
+        finally:
+            self.close()
+        return self._t1 - self.t0
+
+    def close(self) -> None:
+        """Drop the pieces not started (a load that failed elsewhere) and close the files once
+        the others are done."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for fds in self._fds.values():
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
+        self._fds = {}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def start(path: str | os.PathLike) -> EarlyRead | None:
+    """Start reading the expert banks (uint8 rows, as the converter writes them) of the FTW
+    directory `path`, once per directory; None where there are none or the index is unreadable."""
+    path = Path(path).resolve()
+    with _lock:
+        if str(path) in _started:
+            return _started[str(path)]
+        try:
+            tensors = json.loads((path / INDEX_NAME).read_bytes())["tensors"]
+            banks = sorted((int(m.group(1)), str(e["shard"]), int(e["offset"]), tuple(int(s) for s in e["shape"]))
+                           for name, e in tensors.items() if (m := BANK.fullmatch(name)) and e["dtype"] == "uint8")
+            if not banks:
+                return None
+            _started[str(path)] = read = EarlyRead(path, banks)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return read
+
+
+def take(path: str | os.PathLike) -> EarlyRead | None:
+    """The read start() began for `path`, handed over once (None: none began)."""
+    with _lock:
+        return _started.pop(str(Path(path).resolve()), None)

@@ -1,0 +1,39 @@
+"""The reads under every FTW reader, without torch (ftw.early runs before torch is imported)."""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+
+from .spec import ALIGN, CHUNK_BYTES, FTWError
+
+
+def open_direct(path: Path) -> int | None:
+    """An O_DIRECT fd of a shard, or None where the filesystem refuses direct I/O (EINVAL at the
+    open or at a first aligned read, which is tried here, before any concurrent use)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return None
+    try:
+        os.preadv(fd, [memoryview(mmap.mmap(-1, ALIGN))], 0)  # page-aligned
+    except OSError as e:
+        os.close(fd)
+        if e.errno != errno.EINVAL:
+            raise
+        return None
+    return fd
+
+
+def pread(fd: int, dst: memoryview, offset: int) -> None:
+    """Fill `dst` from file offset `offset`, at most CHUNK_BYTES per syscall."""
+    pos = 0
+    while pos < len(dst):
+        got = os.preadv(fd, [dst[pos:pos + CHUNK_BYTES]], offset + pos)
+        if got == 0:
+            raise FTWError(f"a shard ended early at byte {offset + pos} (it changed after opening); "
+                           "re-run `freetoken convert`")
+        pos += got
