@@ -19,17 +19,14 @@ from engine.models import arch_tensor, canonical_name, dense_tensor, model_confi
 from engine.models.base import FLOAT_NAMES, ModelConfig
 from engine.moe.layout import BIASES, WEIGHTS, SlotLayout
 from engine.moe.store import bank_name
+from engine.fingerprint import CONVERTER, SIDE_FILES, fingerprint
 from ftw.format import DTYPES
 from kernels.quant import FORMATS, QWeight, quantize
 
-SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "vocab.json",
-              "merges.txt", "tokenizer.model", "added_tokens.json")
 LAYER = re.compile(r"model\.layers\.(\d+)\.")
 EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\."
                     r"(?:(\d+)\.(gate_proj|up_proj|down_proj)\.weight|(gate_up_proj|down_proj)(_bias)?)$")
 IGNORED = re.compile(r"rotary_emb\.inv_freq$")
-CONVERTER = "freetoken-convert-1"
 log = logging.getLogger("freetoken.convert")
 DEFAULT_GROUP = {"int4": 128, "int8": 128, "fp8": 128, "mxfp4": 32}  # values a scale covers (fp8: blocks of G x G)
 
@@ -103,19 +100,6 @@ def source_label(src: Path) -> str:
     if src.parent.name == "snapshots" and src.parent.parent.name.startswith("models--"):
         return src.parent.parent.name.removeprefix("models--").replace("--", "/")
     return str(src)
-
-
-def fingerprint(model_dir: Path, dtype: str, quant: tuple | None = None) -> str:
-    h = hashlib.sha256()
-    for name in SIDE_FILES:  # the files copied beside the weights (an edited template is a new model)
-        if (model_dir / name).exists():
-            h.update((model_dir / name).read_bytes())
-    for f in sorted(model_dir.glob("*.safetensors")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
-    h.update(f"{dtype}:{CONVERTER}".encode())
-    if quant:
-        h.update(f":{quant[0]}/{quant[1]}".encode())
-    return h.hexdigest()
 
 
 def target_dtype(cfg: ModelConfig, dtype: str) -> str:

@@ -3,6 +3,7 @@ cache) is used as is; a HF directory or hub id is converted once into the user c
 and reused while its fingerprint matches. Also the cache's listing and removal."""
 from __future__ import annotations
 
+import glob
 import json
 import re
 import shutil
@@ -11,6 +12,7 @@ from typing import Callable
 
 from engine.config import cache_dir, hf_offline
 from engine.errors import UserError
+from engine.fingerprint import fingerprint
 
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.jinja", "*.txt", "*.model"]
 DEMO = Path(__file__).parent / "demo" / "model"
@@ -41,6 +43,11 @@ def hf_source(model: str) -> Path:
                         "check the id and your connection, or pass a local directory") from None
 
 
+def cache_name(model: str | None) -> str:
+    """The start of the names of MODEL's conversions in the cache (then -DTYPE-FINGERPRINT)."""
+    return re.sub(r"[^\w.-]+", "_", (model or "demo").strip("/"))[-60:]
+
+
 def model_key(model: str | None) -> str:
     """Names MODEL without downloading or converting it: the absolute path of a local directory
     (or of a converted model in the cache named MODEL), else the hub id as given."""
@@ -50,14 +57,32 @@ def model_key(model: str | None) -> str:
     return str(path.resolve()) if path.exists() else str(model)
 
 
-def ftw_dir(model: str | None) -> Path | None:
-    """MODEL's FTW directory if it is one, or names a converted model in the cache (no
-    conversion, no download, no torch); else None."""
+def ftw_dir(model: str | None, converted: bool = False) -> Path | None:
+    """MODEL's FTW directory if it is one, or names a converted model in the cache; with
+    `converted`, also the conversion in the cache of an HF directory or of a hub id already
+    downloaded, while its fingerprint matches. No conversion, no download, no torch; else None."""
     path = Path(model).expanduser() if model else DEMO
     if is_ftw(path):
         return path
     if model and is_ftw(models_dir() / model):
         return models_dir() / model
+    if not converted:
+        return None
+    src = path if path.is_dir() else None
+    if src is None and model and re.fullmatch(r"[\w.-]+/[\w.-]+", model):
+        try:
+            from huggingface_hub import snapshot_download
+            src = Path(snapshot_download(model, allow_patterns=HUB_PATTERNS, local_files_only=True))
+        except Exception:  # not in the local hub cache (or no hub library): nothing converted to find
+            return None
+    name = cache_name(model)
+    for out in sorted(models_dir().glob(f"{glob.escape(name)}-*-*")) if src and models_dir().is_dir() else ():
+        try:
+            dt = json.loads((out / "ftw.json").read_text())["meta"]["dtype"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if out.name == f"{name}-{dt}-{fingerprint(src, dt)[:12]}":
+            return out
     return None
 
 
@@ -66,14 +91,12 @@ def ensure_ftw(model: str | None, dtype: str = "auto",
     """Return an FTW directory for MODEL (None = the embedded demo model), converting if needed."""
     if (found := ftw_dir(model)) is not None:
         return found
-    from engine.convert import convert, fingerprint, target_dtype
+    from engine.convert import convert, target_dtype
     from engine.models import model_config, read_hf_config
     path = Path(model).expanduser() if model else DEMO
     src = hf_source(str(path))
     dt = target_dtype(model_config(read_hf_config(src)), dtype)
-    fp = fingerprint(src, dt)
-    name = re.sub(r"[^\w.-]+", "_", (model or "demo").strip("/"))[-60:]
-    out = models_dir() / f"{name}-{dt}-{fp[:12]}"
+    out = models_dir() / f"{cache_name(model)}-{dt}-{fingerprint(src, dt)[:12]}"
     if is_ftw(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

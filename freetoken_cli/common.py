@@ -59,10 +59,11 @@ def engine_config(model: Optional[str], device: str, expert_budget: str, moe_pol
 
 def start_expert_read(cfg) -> None:
     """Start reading the model's expert banks now, before torch is imported (ftw.early), where
-    the load will adopt them: the model is an FTW directory (or a converted model's name), one
-    process loads all its experts, and no --verify reads everything first."""
+    the load will adopt them: the model is an FTW directory, a converted model's name, or an HF
+    directory or hub id converted before; one process loads all its experts; no --verify reads
+    everything first."""
     from engine.resolve import ftw_dir
-    if cfg.ranks == 1 and not cfg.verify and (path := ftw_dir(cfg.model)) is not None:
+    if cfg.ranks == 1 and not cfg.verify and (path := ftw_dir(cfg.model, converted=True)) is not None:
         from ftw import early
         early.start(path)
 

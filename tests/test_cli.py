@@ -74,13 +74,25 @@ def test_convert_then_run_json(tiny_hf, tmp_path, monkeypatch):
 
 
 def test_run_hf_directory_converts_once(tiny_hf):
+    """The second run finds the conversion without torch (so its experts' read begins before the
+    import, ftw.early); a changed source is not that conversion."""
     from engine.config import cache_dir
+    from engine.resolve import ftw_dir
     models = cache_dir() / "models"
     before = set(models.iterdir()) if models.exists() else set()
     for _ in range(2):
         r = cli("run", tiny_hf, "-p", "x = ", "--raw", "--max-tokens", 2, "--device", "cpu", "--json")
         assert r.exit_code == 0, r.output
-    assert len(set(models.iterdir()) - before) == 1
+    new = set(models.iterdir()) - before
+    assert len(new) == 1 and ftw_dir(str(tiny_hf), converted=True) == new.pop()
+    assert ftw_dir(str(tiny_hf)) is None  # not without `converted`
+    side = tiny_hf / "generation_config.json"
+    kept = side.read_bytes() if side.exists() else None
+    side.write_text('{"temperature": 0.5}')  # an edited side file: another model
+    try:
+        assert ftw_dir(str(tiny_hf), converted=True) is None
+    finally:
+        side.write_bytes(kept) if kept is not None else side.unlink()
 
 
 def test_run_takes_sampling_defaults_from_the_model(tiny_hf, tmp_path):
