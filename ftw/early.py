@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import queue
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +44,7 @@ class EarlyRead:
         self.buffer = mmap.mmap(-1, max(1, sum(sizes)))
         self.t0, self._t1 = time.perf_counter(), 0.0
         self._fds: dict[str, tuple] = {}
-        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="ftw-early")
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._banks: list[tuple[int, list]] = []
         view, pos = memoryview(self.buffer), 0
         for (_, shard, offset, _), n in zip(banks, sizes):
@@ -51,20 +52,37 @@ class EarlyRead:
             dst = view[pos:pos + n]
             body = n - n % ALIGN if direct is not None and pos % ALIGN == 0 else 0
             parts = [(direct, dst[:body], offset), (plain, dst[body:], offset + body)]
-            futs = [self._pool.submit(self._piece, fd, d[a:a + PIECE_BYTES], off + a)
-                    for fd, d, off in parts for a in range(0, len(d), PIECE_BYTES)]
+            futs = []
+            for fd, d, off in parts:
+                for a in range(0, len(d), PIECE_BYTES):
+                    futs.append(Future())
+                    self._queue.put((futs[-1], fd, d[a:a + PIECE_BYTES], off + a))
             self._banks.append((n, futs))
             pos += n
+        # daemon workers: a process that ends without adopting the read (an error elsewhere) does
+        # not wait for it
+        self._workers = [threading.Thread(target=self._work, name="ftw-early", daemon=True) for _ in range(READ_THREADS)]
+        for t in self._workers:
+            self._queue.put(None)
+            t.start()
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fut, fd, dst, offset = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                pread(fd, dst, offset)
+                self._t1 = max(self._t1, time.perf_counter())
+                fut.set_result(None)
+            except BaseException as e:
+                fut.set_exception(e)
 
     def _open(self, shard: str) -> tuple:
         if shard not in self._fds:
             p = self.path / shard
             self._fds[shard] = (open_direct(p), os.open(p, os.O_RDONLY))
         return self._fds[shard]
-
-    def _piece(self, fd: int, dst: memoryview, offset: int) -> None:
-        pread(fd, dst, offset)
-        self._t1 = max(self._t1, time.perf_counter())
 
     def fits(self, layers: list[int], shape: tuple[int, int]) -> bool:
         """Whether these are the banks of `layers`, each of `shape` ([experts, slot bytes])."""
@@ -86,7 +104,11 @@ class EarlyRead:
     def close(self) -> None:
         """Drop the pieces not started (a load that failed elsewhere) and close the files once
         the others are done."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for _, futs in self._banks:
+            for f in futs:
+                f.cancel()
+        for t in self._workers:
+            t.join()
         for fds in self._fds.values():
             for fd in fds:
                 if fd is not None:

@@ -1,5 +1,6 @@
 """Two-level expert memory on the CPU cache tier: hits, misses, fills, LRU eviction, and output
 invariance to the expert budget."""
+import os
 import re
 
 import pytest
@@ -313,3 +314,17 @@ def test_expert_read_started_before_torch_is_adopted_by_the_load(tiny_model):
             assert torch.equal(bank, r.read(f"model.layers.{layer}.mlp.experts"))
     assert greedy(e, prompt, 8) == want
     assert not read.fits([0], (1, 1)) and early.start(ftw / "nowhere") is None
+    assert all(t.daemon for t in read._workers)  # a process that never adopts it does not wait for it
+
+
+def test_an_early_read_of_a_cut_shard_fails_where_it_is_waited_for(tiny_model, tmp_path):
+    import shutil
+    from ftw import FTWError, early
+    _, _, ftw = tiny_model("qwen3_moe")
+    cut = tmp_path / "ftw"
+    shutil.copytree(ftw, cut)
+    for shard in cut.glob("*.ftw"):
+        os.truncate(shard, shard.stat().st_size // 2)
+    read = early.start(cut)
+    with pytest.raises(FTWError, match="ended early"):
+        read.wait()
