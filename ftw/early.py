@@ -5,12 +5,15 @@ weights before the load reaches the experts, while the disk, which bounds the st
 `start(path)` needs only the index (JSON) and os.preadv: it reads every bank named like
 `model.layers.N.mlp.experts`, in layer order, into one anonymous memory map (page-aligned, so
 O_DIRECT reads land in it, and zero where not yet read), with as many requests in flight as
-FTWReader keeps. The host expert store later adopts that buffer (`take(path)`, in
+FTWReader keeps. Its pages are faulted in (zeroed) piece by piece ahead of the reads, on threads
+of their own: reads into resident pages run faster, and the buffer can be page-locked once every
+page is in, while the reads go on. The host expert store later adopts that buffer (`take(path)`, in
 engine.moe.store) instead of reading the banks itself, and waits for this read where it would
 have waited for its own. A directory whose index cannot be read starts nothing here: the load
 reports it. Nothing here imports torch."""
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import os
@@ -28,6 +31,7 @@ from .spec import ALIGN, INDEX_NAME
 BANK = re.compile(r"model\.layers\.(\d+)\.mlp\.experts")
 PIECE_BYTES = 16 << 20   # as FTWReader's
 READ_THREADS = 8
+FAULT_THREADS = 8
 
 _started: dict[str, "EarlyRead"] = {}
 _lock = threading.Lock()
@@ -42,33 +46,55 @@ class EarlyRead:
         self.shapes = [b[3] for b in banks]
         sizes = [_numel(shape) for *_, shape in banks]
         self.buffer = mmap.mmap(-1, max(1, sum(sizes)))
+        self._base = ctypes.c_char.from_buffer(self.buffer)
         self.t0, self._t1 = time.perf_counter(), 0.0
+        self.faulted = threading.Event()  # every page of the buffer is in
         self._fds: dict[str, tuple] = {}
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._faults: queue.SimpleQueue = queue.SimpleQueue()
+        self._reads: queue.SimpleQueue = queue.SimpleQueue()
         self._banks: list[tuple[int, list]] = []
         view, pos = memoryview(self.buffer), 0
         for (_, shard, offset, _), n in zip(banks, sizes):
             direct, plain = self._open(shard)
-            dst = view[pos:pos + n]
             body = n - n % ALIGN if direct is not None and pos % ALIGN == 0 else 0
-            parts = [(direct, dst[:body], offset), (plain, dst[body:], offset + body)]
+            parts = [(direct, pos, body, offset), (plain, pos + body, n - body, offset + body)]
             futs = []
-            for fd, d, off in parts:
-                for a in range(0, len(d), PIECE_BYTES):
+            for fd, at, size, off in parts:
+                for a in range(0, size, PIECE_BYTES):
                     futs.append(Future())
-                    self._queue.put((futs[-1], fd, d[a:a + PIECE_BYTES], off + a))
+                    m = min(PIECE_BYTES, size - a)
+                    self._faults.put((futs[-1], fd, view[at + a:at + a + m], off + a, at + a))
             self._banks.append((n, futs))
             pos += n
         # daemon workers: a process that ends without adopting the read (an error elsewhere) does
         # not wait for it
-        self._workers = [threading.Thread(target=self._work, name="ftw-early", daemon=True) for _ in range(READ_THREADS)]
+        self._pending, self._pending_lock = FAULT_THREADS, threading.Lock()
+        self._workers = [threading.Thread(target=self._fault, name="ftw-fault", daemon=True) for _ in range(FAULT_THREADS)]
+        self._workers += [threading.Thread(target=self._work, name="ftw-early", daemon=True) for _ in range(READ_THREADS)]
+        for _ in range(FAULT_THREADS):
+            self._faults.put(None)
         for t in self._workers:
-            self._queue.put(None)
             t.start()
 
+    def _fault(self) -> None:
+        """Zero each piece (ctypes.memset, without the GIL) before handing it to the reads; the
+        last fault thread out marks the buffer faulted and lets the read workers end."""
+        base = ctypes.addressof(self._base)
+        while (item := self._faults.get()) is not None:
+            if not item[0].cancelled():
+                ctypes.memset(base + item[4], 0, len(item[2]))
+            self._reads.put(item)
+        with self._pending_lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self.faulted.set()
+            for _ in range(READ_THREADS):
+                self._reads.put(None)
+
     def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            fut, fd, dst, offset = item
+        while (item := self._reads.get()) is not None:
+            fut, fd, dst, offset, _ = item
             if not fut.set_running_or_notify_cancel():
                 continue
             try:

@@ -309,6 +309,7 @@ def test_expert_read_started_before_torch_is_adopted_by_the_load(tiny_model):
     store = e.runtime.store
     assert store._early is read and early.take(ftw) is None
     store.wait()
+    assert read.faulted.is_set()                          # every page zeroed ahead of its read
     with FTWReader(ftw) as r:  # the same bytes as the reader's, bank by bank
         for bank, layer in zip(store.banks, e.cfg.moe_layer_ids):
             assert torch.equal(bank, r.read(f"model.layers.{layer}.mlp.experts"))

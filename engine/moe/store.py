@@ -69,6 +69,8 @@ class HostExpertStore:
 
     def pin(self) -> None:
         """Page-lock the rows (once; a call while load()'s thread pins waits for it)."""
+        if self._early is not None:  # page-locking pages not yet in would fault them under CUDA's lock
+            self._early.faulted.wait()
         with self._pin_lock:
             if not self.pinned:
                 pin_(self.rows)
@@ -115,8 +117,8 @@ class HostExpertStore:
     def _adopt(early, shard: ExpertShard, layout: SlotLayout, progress: Callable[[int], None] | None,
                pin: bool) -> "HostExpertStore":
         """A store over the buffer of the banks' read that ftw.early started before torch was
-        imported (its unread rows are zero, as load()'s are); its thread page-locks the buffer,
-        then waits for that read."""
+        imported (its unread rows are zero, as load()'s are); its thread page-locks the buffer
+        once its pages are in, then waits for that read."""
         store = HostExpertStore(torch.frombuffer(early.buffer, dtype=torch.uint8).view(-1, layout.slot_bytes),
                                 shard, layout)
         store._early = early  # keeps the mapping for as long as the store
