@@ -8,8 +8,9 @@ O_DIRECT reads land in it, and zero where not yet read), with as many requests i
 FTWReader keeps. Its pages are faulted in (zeroed) piece by piece ahead of the reads, on threads
 of their own: reads into resident pages run faster, and the buffer can be page-locked once every
 page is in, while the reads go on. The host expert store later adopts that buffer (`take(path)`, in
-engine.moe.store) instead of reading the banks itself, and waits for this read where it would
-have waited for its own. A directory whose index cannot be read starts nothing here: the load
+engine.moe.store) instead of reading the banks itself, pauses this read while the dense weights
+are read (the load needs them first; `yield_to`), and waits for it where it would have waited
+for its own. A directory whose index cannot be read starts nothing here: the load
 reports it. Nothing here imports torch."""
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ class EarlyRead:
         self._base = ctypes.c_char.from_buffer(self.buffer)
         self.t0, self._t1 = time.perf_counter(), 0.0
         self.faulted = threading.Event()  # every page of the buffer is in
+        self._go = threading.Event()      # cleared: no new piece starts (another read has the disk)
+        self._go.set()
         self._fds: dict[str, tuple] = {}
         self._faults: queue.SimpleQueue = queue.SimpleQueue()
         self._reads: queue.SimpleQueue = queue.SimpleQueue()
@@ -95,6 +98,7 @@ class EarlyRead:
     def _work(self) -> None:
         while (item := self._reads.get()) is not None:
             fut, fd, dst, offset, _ = item
+            self._go.wait()
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -109,6 +113,12 @@ class EarlyRead:
             p = self.path / shard
             self._fds[shard] = (open_direct(p), os.open(p, os.O_RDONLY))
         return self._fds[shard]
+
+    def yield_to(self, other: Future) -> None:
+        """Start no new piece until `other` (the dense weights' read, which the load needs first)
+        is done: the disk is its alone meanwhile."""
+        self._go.clear()
+        other.add_done_callback(lambda _: self._go.set())
 
     def fits(self, layers: list[int], shape: tuple[int, int]) -> bool:
         """Whether these are the banks of `layers`, each of `shape` ([experts, slot bytes])."""
@@ -133,6 +143,7 @@ class EarlyRead:
         for _, futs in self._banks:
             for f in futs:
                 f.cancel()
+        self._go.set()
         for t in self._workers:
             t.join()
         for fds in self._fds.values():

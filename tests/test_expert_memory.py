@@ -329,3 +329,31 @@ def test_an_early_read_of_a_cut_shard_fails_where_it_is_waited_for(tiny_model, t
     read = early.start(cut)
     with pytest.raises(FTWError, match="ended early"):
         read.wait()
+
+
+def test_an_early_read_yields_the_disk_to_the_dense_read(tiny_model, monkeypatch):
+    """yield_to(dense): no piece starts until the dense read is done (those already started end);
+    then the rest are read."""
+    import threading
+    import time
+    from concurrent.futures import Future
+    from ftw import early
+    _, _, ftw = tiny_model("qwen3_moe")
+    real, hold, calls = early.pread, threading.Event(), []
+
+    def pread(fd, dst, offset):
+        hold.wait()
+        calls.append(offset)
+        real(fd, dst, offset)
+    monkeypatch.setattr(early, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(early, "pread", pread)
+    read, dense = early.start(ftw), Future()
+    read.yield_to(dense)
+    pieces = sum(len(futs) for _, futs in read._banks)
+    assert pieces > early.READ_THREADS
+    hold.set()
+    time.sleep(0.3)
+    assert len(calls) <= early.READ_THREADS               # only those past the gate before it closed
+    dense.set_result(None)
+    read.wait()
+    assert len(calls) == pieces and early.take(ftw) is read

@@ -88,6 +88,8 @@ class HostExpertStore:
         from ftw.early import take
         early = take(reader.path) if shard.world == 1 else None
         if early is not None and early.fits(layers, (shard.n_local, layout.slot_bytes)):
+            if after is not None:
+                early.yield_to(after)
             return HostExpertStore._adopt(early, shard, layout, progress, pin)
         if early is not None:
             early.close()
