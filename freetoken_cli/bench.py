@@ -3,6 +3,7 @@ the phases of a cold start, and an agent session's time to first token with reus
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -148,6 +149,19 @@ def prefill(model: Optional[str] = ModelArg,
     Console(width=max(150, Console().width)).print(t)
 
 
+def process_start() -> float:
+    """Epoch seconds of this process's start: on Linux, its start tick (/proc/self/stat) against
+    CLOCK_BOOTTIME, to 10 ms; psutil's create_time adds the boot time, which Linux gives in whole
+    seconds, and was up to a second early (every start's import and ready phases with it)."""
+    import time
+    try:
+        tick = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - tick / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        import psutil
+        return psutil.Process().create_time()
+
+
 @app.command("startup")
 @user_errors
 def startup(model: Optional[str] = ModelArg,
@@ -164,14 +178,13 @@ def startup(model: Optional[str] = ModelArg,
             out: Optional[Path] = Out):
     """The phases of a cold `run` (read beside the disk's bound, pin, compile, capture, first prefill)."""
     import time
-    import psutil
     cfg = engine_config(model, device, expert_budget, moe_policy, cpu_threads, max_context)
     if not synthetic:
         start_expert_read(cfg)  # as `run` does
     from engine.bench.startup import report
     from engine.dist import one_rank
     one_rank("bench startup")
-    started, imported = psutil.Process().create_time(), time.time()
+    started, imported = process_start(), time.time()
     runner = _load(cfg, model, synthetic, layers, quant)
     loaded, t0 = time.time(), time.perf_counter()
     if cfg.moe_policy == "adaptive":  # as `run` does

@@ -82,6 +82,17 @@ def test_startup_reports_the_phases(deep_hf, monkeypatch):
     assert "first prefill" in r.stdout and "synthetic" in r.stdout
 
 
+def test_the_start_is_timed_from_the_process_start():
+    """bench startup's clock starts with the process: a fresh interpreter that imports the CLI's
+    bench module finds its own start a fraction of a second before (psutil's create_time, built on
+    the boot time in whole seconds, was up to a second early)."""
+    import subprocess
+    import sys
+    code = "import time; from freetoken_cli.bench import process_start; print(time.time() - process_start())"
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0 <= age < 0.6, age
+
+
 def test_compiled_artifacts_go_to_the_cache_dir(monkeypatch, tmp_path):
     from engine.config import persist_compile_caches
     monkeypatch.setenv("FREETOKEN_CACHE", str(tmp_path))
