@@ -101,6 +101,7 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     clock.mark("driver")
     layout, shard = SlotLayout.from_meta(reader.meta["layout"]), this_rank(cfg.num_experts)
     total = sum(len(shard.owned(i)) for i in range(len(cfg.moe_layer_ids))) * layout.slot_bytes
+    check_host_memory(path, total)
     done = [0]
 
     def tick(n):
@@ -120,6 +121,16 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
         except BaseException:
             store.stop()
             raise
+
+
+def check_host_memory(path: Path, nbytes: int) -> None:
+    """Refuse a load whose experts (`nbytes`) do not fit in the host memory available, before
+    any is read; a read ftw.early began was checked when it began (its buffer now counts as used)."""
+    from ftw import early
+    if not early.started(path) and (short := early.host_shortfall(nbytes)):
+        raise UserError(f"the experts need {nbytes / 2**30:.1f} GiB of host memory and only "
+                        f"{(nbytes - short) / 2**30:.1f} GiB are available: free memory, or convert the model "
+                        "with `freetoken convert --quant int4` (about 3.5x fewer bytes than bf16)")
 
 
 def start_device(device: torch.device) -> None:

@@ -160,9 +160,17 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def host_shortfall(nbytes: int) -> int:
+    """How many bytes more than this machine has available (psutil) `nbytes` of new host memory
+    would take; 0 when they fit."""
+    import psutil
+    return max(0, nbytes - psutil.virtual_memory().available)
+
+
 def start(path: str | os.PathLike) -> EarlyRead | None:
     """Start reading the expert banks (uint8 rows, as the converter writes them) of the FTW
-    directory `path`, once per directory; None where there are none or the index is unreadable."""
+    directory `path`, once per directory; None where there are none, the index is unreadable or
+    the banks do not fit in the host memory available."""
     path = Path(path).resolve()
     with _lock:
         if str(path) in _started:
@@ -171,12 +179,18 @@ def start(path: str | os.PathLike) -> EarlyRead | None:
             tensors = json.loads((path / INDEX_NAME).read_bytes())["tensors"]
             banks = sorted((int(m.group(1)), str(e["shard"]), int(e["offset"]), tuple(int(s) for s in e["shape"]))
                            for name, e in tensors.items() if (m := BANK.fullmatch(name)) and e["dtype"] == "uint8")
-            if not banks:
-                return None
+            if not banks or host_shortfall(sum(_numel(b[3]) for b in banks)):
+                return None  # the load says what is missing
             _started[str(path)] = read = EarlyRead(path, banks)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
         return read
+
+
+def started(path: str | os.PathLike) -> bool:
+    """Whether start() began a read of `path` that no load has taken yet."""
+    with _lock:
+        return str(Path(path).resolve()) in _started
 
 
 def take(path: str | os.PathLike) -> EarlyRead | None:

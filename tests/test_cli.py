@@ -73,6 +73,20 @@ def test_convert_then_run_json(tiny_hf, tmp_path, monkeypatch):
     assert started == [out] and early.take(out) is None  # the experts' read began before the load, which took it
 
 
+def test_a_model_whose_experts_do_not_fit_in_host_memory_is_refused(tiny_hf, tmp_path, monkeypatch):
+    """Experts larger than the host memory available: no early read begins, and the load says so
+    in one line before reading anything (was: the kernel's OOM killer, mid-read)."""
+    import psutil
+    from ftw import early
+    out = tmp_path / "ftw"
+    assert cli("convert", tiny_hf, out).exit_code == 0
+    mem = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: mem._replace(available=4096))
+    one_line_error(cli("run", out, "--prompt", "hi", "--max-tokens", 2, "--device", "cpu"),
+                   "GiB of host memory", "--quant int4")
+    assert not early.started(out)
+
+
 def test_run_hf_directory_converts_once(tiny_hf):
     """The second run finds the conversion without torch (so its experts' read begins before the
     import, ftw.early); a changed source is not that conversion."""
