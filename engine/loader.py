@@ -88,7 +88,7 @@ def load_runner(config: EngineConfig, path: Path, progress: Callable[[str, int, 
     the experts on another (which meanwhile page-locks their buffer); this thread moves the dense
     weights to the device, builds the KV pool, the expert cache and its control, which need only
     the host store's addresses, warms the prefill path and captures the decode graphs while the
-    experts are read; only the resident copy waits for the read."""
+    experts are read; only the resident copy waits for the read, a layer at a time."""
     from ftw import FTWReader
     clock = Phases()
     reader = FTWReader(path)
@@ -247,8 +247,9 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     optional routing override, which a CUDA graph must see at capture). The host store is
     untouched; the old cache is freed first. The warm-ups and the capture need only the store's
     pinned addresses (what they compute on rows still being read is thrown away); the resident
-    copy waits for the read. clock marks the phases cache (its pool and tables), experts (runtime,
-    control), pin, prefill (warm-up), graphs, wait (for the read), resident."""
+    copy takes each layer once the read has reached it. clock marks the phases cache (its pool and
+    tables), experts (runtime, control), pin, prefill (warm-up), graphs, wait (for the read, the
+    resident copy beside it)."""
     clock = clock or Phases()
     cfg, layout, old = runner.cfg, store.layout, runner.runtime
     release_graphs(runner)
@@ -288,11 +289,10 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     if cuda_graphs:
         capture_graphs(runner, config.max_running)
     clock.mark("graphs")
+    if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
+        runtime.warm()  # bank by bank, as the read reaches each
     store.wait()
     clock.mark("wait")
-    if slots * layout.slot_bytes >= store.nbytes or policy.static_layers:
-        runtime.warm()
-    clock.mark("resident")
     return runtime
 
 

@@ -203,7 +203,7 @@ def startup(model: Optional[str] = ModelArg,
     t.add_column("seconds", justify="right")
     t.add_column("", justify="left")
     read = "" if r["read_s"] is None else (
-        f"the expert read's remainder (its own thread after the dense read: {r['read_s']:.2f} s, {r['read_gbps']:.2f} GB/s"
+        f"the expert read's remainder, the resident experts copied in as it goes (the read: {r['read_s']:.2f} s, {r['read_gbps']:.2f} GB/s"
         + (f"; the disk's bound {r['read_bound_s']:.2f} s at {r['disk_gbps']:.2f} GB/s"
            f"{'' if r['disk_direct'] else ', buffered: maybe the page cache'}" if "read_bound_s" in r else "") + ")")
     notes = {"setup": "up to the loader's first phase: its imports, the checkpoint's path",
@@ -215,8 +215,7 @@ def startup(model: Optional[str] = ModelArg,
              "cache": "the expert cache's device pool and residency tables allocated",
              "experts": "expert runtime, device control and the CPU executor its poller starts",
              "prefill": "one short prefill on dummy tokens: the prefill path's first use",
-             "compile": "decode graphs' warm-up steps: Triton JIT, torch.compile", "capture": "decode graphs captured",
-             "resident": "resident experts copied in"}
+             "compile": "decode graphs' warm-up steps: Triton JIT, torch.compile", "capture": "decode graphs captured"}
     for name, sec in r["phases"].items():
         t.add_row(name, f"{sec:.2f}", notes.get(name, ""))
     t.add_row("ready", f"{r['ready_s']:.2f}", "from the process's start")

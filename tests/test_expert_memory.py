@@ -288,6 +288,34 @@ def test_store_loads_in_the_background():
     store.wait()
     assert len(r.reads) == 2
 
+    class Stepped(Reader):  # reads a bank each time it is let
+        def __init__(self, fail=None):
+            super().__init__(fail)
+            self.go.set()
+            self.steps = threading.Semaphore(0)
+
+        def read_rows(self, name, rows, out):
+            assert self.steps.acquire(timeout=10)
+            return super().read_rows(name, rows, out)
+    r = Stepped()
+    store = HostExpertStore.load(r, [1, 3], one, layout)
+    waiters = [threading.Thread(target=store.wait_bank, args=(i,)) for i in (0, 1)]
+    for t in waiters:
+        t.start()
+    r.steps.release()
+    waiters[0].join(10)
+    assert not waiters[0].is_alive() and waiters[1].is_alive()  # bank 0 is there, bank 1 is not yet
+    r.steps.release()
+    waiters[1].join(10)
+    assert not waiters[1].is_alive()
+    store.wait()
+    bad = Stepped(fail=bank_name(1))
+    bad.steps.release()
+    store = HostExpertStore.load(bad, [1, 3], one, layout)
+    store.wait_bank(1)  # a failed read holds no one
+    with pytest.raises(OSError, match="went away"):
+        store.wait()
+
 
 
 def test_expert_read_started_before_torch_is_adopted_by_the_load(tiny_model):

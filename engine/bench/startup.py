@@ -1,8 +1,8 @@
 """What a cold start costs, phase by phase: the loader's own timings (the device context, dense
 weights, the KV pool, the expert cache and its control, pinning, a short prefill that warms the
 prefill path, the decode graphs' warm-up steps (Triton JIT) and captures, the wait for the rest
-of the expert read, which runs on its own thread after the dense read and is shown beside the
-disk's sequential read bound, the resident experts' copy), the machine profile, then two
+of the expert read, shown beside the disk's sequential read bound, with the resident experts'
+copy beside it, a layer at a time), the machine profile, then two
 prefills of distinct prompts of one length: the first request's extra cost is the first minus the second. Beside
 them, the Triton kernels compiled in this process (not found in its on-disk cache),
 torch.compile's own account (its seconds and its on-disk cache hits and misses; a start after

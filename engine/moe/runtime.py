@@ -69,10 +69,12 @@ class ExpertRuntime:
 
     def warm(self) -> None:
         """Load whole cacheable layers into the cache, in order, while they fit (all of them when
-        the budget holds every expert; the GPU layers of a static policy)."""
+        the budget holds every expert; the GPU layers of a static policy), each once the store's
+        read has reached it (so that, at load, the copies run beside the rest of the read)."""
         c, E = self.cache, self.cache.n_experts
         layers = [i for i in range(len(self.store.banks)) if self.policy.cacheable(i)]
         for n, layer in enumerate(layers[:c.n_slots // E]):
+            self.store.wait_bank(layer)
             c.pool[n * E:(n + 1) * E].copy_(self.store.banks[layer])
             c.tables.install_block(n * E, layer * E, E)
 

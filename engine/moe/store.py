@@ -47,6 +47,8 @@ class HostExpertStore:
         self._loading: Future | None = None
         self._stop = threading.Event()
         self._early = None  # an ftw.early read whose buffer holds the rows
+        self._read = len(self.banks)  # banks read so far, in order (all: a store not loading)
+        self._read_cv = threading.Condition()
 
     @property
     def n_experts(self) -> int:
@@ -107,12 +109,9 @@ class HostExpertStore:
                     break
                 owned = shard.owned(i)
                 reader.read_rows(bank_name(layer), owned, out=bank[:len(owned)])
-                if progress:
-                    progress(len(owned) * layout.slot_bytes)
+                store._tick(progress, len(owned) * layout.slot_bytes)
             return time.perf_counter() - t0
-        pool = ThreadPoolExecutor(1, thread_name_prefix="expert-read")
-        store._loading = pool.submit(read)
-        pool.shutdown(wait=False)
+        store._start_loading(read)
         return store
 
     @staticmethod
@@ -128,11 +127,36 @@ class HostExpertStore:
         def read() -> float:
             if pin:
                 store.pin()
-            return early.wait(progress)
-        pool = ThreadPoolExecutor(1, thread_name_prefix="expert-read")
-        store._loading = pool.submit(read)
-        pool.shutdown(wait=False)
+            return early.wait(lambda n: store._tick(progress, n))
+        store._start_loading(read)
         return store
+
+    def _start_loading(self, read: Callable[[], float]) -> None:
+        """Run `read` on a thread of its own; every bank counts as read once it ends, however."""
+        def run() -> float:
+            try:
+                return read()
+            finally:
+                with self._read_cv:
+                    self._read = len(self.banks)
+                    self._read_cv.notify_all()
+        self._read = 0
+        pool = ThreadPoolExecutor(1, thread_name_prefix="expert-read")
+        self._loading = pool.submit(run)
+        pool.shutdown(wait=False)
+
+    def _tick(self, progress: Callable[[int], None] | None, nbytes: int) -> None:
+        """The next bank (of nbytes) is read."""
+        with self._read_cv:
+            self._read += 1
+            self._read_cv.notify_all()
+        if progress:
+            progress(nbytes)
+
+    def wait_bank(self, i: int) -> None:
+        """Block until bank i is read, or the read has ended (an error is raised by wait())."""
+        with self._read_cv:
+            self._read_cv.wait_for(lambda: self._read > i)
 
     def wait(self) -> None:
         """Block until load()'s read is done (its error raised here); at once for a store that
