@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import mmap
 import os
 import queue
@@ -26,12 +27,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
-from .io import open_direct, pread
-from .spec import ALIGN, INDEX_NAME
+from .io import READ_THREADS, open_direct, pieces, pread
+from .spec import INDEX_NAME
 
 BANK = re.compile(r"model\.layers\.(\d+)\.mlp\.experts")
-PIECE_BYTES = 16 << 20   # as FTWReader's
-READ_THREADS = 8
 FAULT_THREADS = 8
 
 _started: dict[str, "EarlyRead"] = {}
@@ -45,7 +44,7 @@ class EarlyRead:
     def __init__(self, path: Path, banks: list[tuple[int, str, int, tuple[int, ...]]]):
         self.path, self.layers = path, [b[0] for b in banks]
         self.shapes = [b[3] for b in banks]
-        sizes = [_numel(shape) for *_, shape in banks]
+        sizes = [math.prod(shape) for *_, shape in banks]
         self.buffer = mmap.mmap(-1, max(1, sum(sizes)))
         self._base = ctypes.c_char.from_buffer(self.buffer)
         self.t0, self._t1 = time.perf_counter(), 0.0
@@ -58,15 +57,10 @@ class EarlyRead:
         self._banks: list[tuple[int, list]] = []
         view, pos = memoryview(self.buffer), 0
         for (_, shard, offset, _), n in zip(banks, sizes):
-            direct, plain = self._open(shard)
-            body = n - n % ALIGN if direct is not None and pos % ALIGN == 0 else 0
-            parts = [(direct, pos, body, offset), (plain, pos + body, n - body, offset + body)]
             futs = []
-            for fd, at, size, off in parts:
-                for a in range(0, size, PIECE_BYTES):
-                    futs.append(Future())
-                    m = min(PIECE_BYTES, size - a)
-                    self._faults.put((futs[-1], fd, view[at + a:at + a + m], off + a, at + a))
+            for fd, dst, off in pieces(*self._open(shard), view[pos:pos + n], offset, pos):
+                futs.append(Future())
+                self._faults.put((futs[-1], fd, dst, off, pos + off - offset))
             self._banks.append((n, futs))
             pos += n
         # daemon workers: a process that ends without adopting the read (an error elsewhere) does
@@ -153,13 +147,6 @@ class EarlyRead:
         self._fds = {}
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def host_shortfall(nbytes: int) -> int:
     """How many bytes more than this machine has available (psutil) `nbytes` of new host memory
     would take; 0 when they fit."""
@@ -179,7 +166,7 @@ def start(path: str | os.PathLike) -> EarlyRead | None:
             tensors = json.loads((path / INDEX_NAME).read_bytes())["tensors"]
             banks = sorted((int(m.group(1)), str(e["shard"]), int(e["offset"]), tuple(int(s) for s in e["shape"]))
                            for name, e in tensors.items() if (m := BANK.fullmatch(name)) and e["dtype"] == "uint8")
-            if not banks or host_shortfall(sum(_numel(b[3]) for b in banks)):
+            if not banks or host_shortfall(sum(math.prod(b[3]) for b in banks)):
                 return None  # the load says what is missing
             _started[str(path)] = read = EarlyRead(path, banks)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -8,6 +8,9 @@ from pathlib import Path
 
 from .spec import ALIGN, CHUNK_BYTES, FTWError
 
+PIECE_BYTES = 16 << 20   # one thread's request of a large read
+READ_THREADS = 8         # requests in flight
+
 
 def open_direct(path: Path) -> int | None:
     """An O_DIRECT fd of a shard, or None where the filesystem refuses direct I/O (EINVAL at the
@@ -37,3 +40,13 @@ def pread(fd: int, dst: memoryview, offset: int) -> None:
             raise FTWError(f"a shard ended early at byte {offset + pos} (it changed after opening); "
                            "re-run `freetoken convert`")
         pos += got
+
+
+def pieces(direct: int | None, plain: int, dst: memoryview, offset: int, addr: int) -> list[tuple]:
+    """The reads (fd, part of dst, its file offset) that fill `dst` from file offset `offset`, of
+    PIECE_BYTES each: O_DIRECT needs an aligned buffer, offset and length, so the aligned body goes
+    through `direct` (where there is one and `addr`, dst's address, and offset are aligned), the
+    tail through `plain`."""
+    body = len(dst) - len(dst) % ALIGN if direct is not None and (addr | offset) % ALIGN == 0 else 0
+    parts = ((direct, dst[:body], offset), (plain, dst[body:], offset + body))
+    return [(fd, d[a:a + PIECE_BYTES], off + a) for fd, d, off in parts for a in range(0, len(d), PIECE_BYTES)]

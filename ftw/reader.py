@@ -26,10 +26,7 @@ import torch
 
 from .format import (ALIGN, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, READ_VERSIONS, FTWError, TensorInfo,
                      align_up, byte_view, is_safe_relpath)
-from .io import open_direct, pread
-
-PIECE_BYTES = 16 << 20   # one thread's request of a large read
-READ_THREADS = 8         # requests in flight
+from .io import READ_THREADS, open_direct, pieces, pread
 
 
 def aligned_empty(shape: Iterable[int], dtype: torch.dtype, align: int = ALIGN) -> torch.Tensor:
@@ -143,20 +140,15 @@ class FTWReader:
     def _read_spans(self, shard: str, spans: list[tuple[memoryview, int, int]]) -> None:
         """Fill each (dst, file offset, dst's address) of `spans` from `shard`. O_DIRECT needs an
         aligned buffer, offset and length: a span's aligned body goes direct, its tail buffered.
-        All spans' PIECE_BYTES pieces go to the pool's threads at once."""
+        All spans' pieces (ftw.io.pieces) go to the pool's threads at once."""
         direct, plain = self._open(shard)
-        parts, body_bytes = [], 0
-        for dst, offset, addr in spans:
-            body = len(dst) - len(dst) % ALIGN if direct is not None and (addr | offset) % ALIGN == 0 else 0
-            parts += [(direct, dst[:body], offset), (plain, dst[body:], offset + body)]
-            body_bytes += body
-        pieces = [(fd, dst[a:a + PIECE_BYTES], offset + a) for fd, dst, offset in parts
-                  for a in range(0, len(dst), PIECE_BYTES)]
-        if self._pool is None or len(pieces) <= 1:
-            for piece in pieces:
+        reads = [piece for dst, offset, addr in spans for piece in pieces(direct, plain, dst, offset, addr)]
+        body_bytes = sum(len(d) for fd, d, _ in reads if direct is not None and fd == direct)
+        if self._pool is None or len(reads) <= 1:
+            for piece in reads:
                 pread(*piece)
         else:
-            for job in [self._pool.submit(pread, *piece) for piece in pieces]:
+            for job in [self._pool.submit(pread, *piece) for piece in reads]:
                 job.result()
         with self._lock:
             self.direct_bytes += body_bytes

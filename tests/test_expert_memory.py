@@ -366,6 +366,7 @@ def test_an_early_read_yields_the_disk_to_the_dense_read(tiny_model, monkeypatch
     import time
     from concurrent.futures import Future
     from ftw import early
+    from ftw import io as ftw_io
     _, _, ftw = tiny_model("qwen3_moe")
     real, hold, calls = early.pread, threading.Event(), []
 
@@ -373,7 +374,7 @@ def test_an_early_read_yields_the_disk_to_the_dense_read(tiny_model, monkeypatch
         hold.wait()
         calls.append(offset)
         real(fd, dst, offset)
-    monkeypatch.setattr(early, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(ftw_io, "PIECE_BYTES", 4096)
     monkeypatch.setattr(early, "pread", pread)
     read, dense = early.start(ftw), Future()
     read.yield_to(dense)

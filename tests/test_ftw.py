@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ftw.io
 import ftw.reader
 from ftw import ALIGN, FORMAT_VERSION, FTWError, FTWReader, FTWWriter, aligned_empty
 
@@ -126,7 +127,7 @@ def test_read_rows(tmp_path, monkeypatch):
     ts = {"bank": torch.randint(0, 256, (9, 2 * ALIGN), dtype=torch.uint8, generator=g), "fp32": _tensors()["fp32"]}
     _write(tmp_path / "m", ts)
     r = FTWReader(tmp_path / "m")
-    monkeypatch.setattr(ftw.reader, "PIECE_BYTES", ALIGN)
+    monkeypatch.setattr(ftw.io, "PIECE_BYTES", ALIGN)
     threads, pread = [], ftw.reader.pread
     monkeypatch.setattr(ftw.reader, "pread", lambda *a: (threads.append(threading.current_thread().name), pread(*a)))
     rows = [0, 2, 3, 4, 8]
@@ -155,7 +156,7 @@ def test_large_reads_in_pieces_from_several_threads(tmp_path, monkeypatch):
     """A tensor larger than a piece is read by the pool, pieces and tail in place, also while
     other threads read through the same reader."""
     from concurrent.futures import ThreadPoolExecutor
-    monkeypatch.setattr(ftw.reader, "PIECE_BYTES", 3 * ALIGN)
+    monkeypatch.setattr(ftw.io, "PIECE_BYTES", 3 * ALIGN)
     ts = _tensors()
     _write(tmp_path / "m", ts)
     r = FTWReader(tmp_path / "m")

@@ -31,7 +31,7 @@ def read_speed(path: Path, limit: int = 2 << 30) -> tuple[float, bool]:
     may answer instead of the disk."""
     from concurrent.futures import ThreadPoolExecutor
     from ftw import ALIGN, aligned_empty
-    from ftw.reader import PIECE_BYTES, READ_THREADS
+    from ftw.io import PIECE_BYTES, READ_THREADS
     f = max((p for p in Path(path).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     size = min(limit, f.stat().st_size)
     block = min(PIECE_BYTES, size // ALIGN * ALIGN)
