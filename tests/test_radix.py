@@ -103,6 +103,26 @@ def test_shared_pool_preempts_newest_and_every_request_ends(tiny_model):
     assert e.kv.used == sched.prefix.pages  # only the prefix cache holds pages now
 
 
+def test_a_batch_of_mixed_samplers_gives_each_its_answer_alone(tiny_model):
+    """Greedy rows take one argmax for the whole batch; a seeded sampler, a repetition penalty and
+    forced tokens beside them still sample their own way: each answer equals its run alone."""
+    e = load(tiny_model("qwen3_moe")[2], max_running=4)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 256, (20 + 7 * i,), generator=g).tolist() for i in range(4)]
+    params = [dict(temperature=0), dict(temperature=1.0, seed=3), dict(temperature=0, repetition_penalty=1.5),
+              dict(temperature=0, forced=(5, 6))]
+    alone = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=12, **k).output for p, k in zip(prompts, params)]
+    sched = Scheduler(e, set(), 4, 64, prefix_cache=False)
+    seqs = [Sequence(p, SamplingParams(max_tokens=12, **k)) for p, k in zip(prompts, params)]
+    for s in seqs:
+        sched.add(s)
+    while not all(s.finish for s in seqs):
+        sched.step()
+    assert [s.output for s in seqs] == alone
+    plain = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=12, temperature=0).output for p in prompts[1:3]]
+    assert alone[1] != plain[0] and alone[2] != plain[1] and alone[3][:2] == [5, 6]  # each sampled its own way
+
+
 def test_context_full_is_its_own_finish(tiny_model):
     e = load(tiny_model("qwen3_moe")[2], max_context=64)
     seq = run(Scheduler(e, set(), 1, 64), list(range(1, 60)), n=100)
