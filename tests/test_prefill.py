@@ -142,23 +142,3 @@ def test_streaming_over_many_layers_with_a_partial_cache_matches_plain_prefill(t
             assert torch.equal(prefill_logits(e, p), prefill_logits(full, p)), (mode, len(p))
             greedy(e, p[:5], 2)
         assert e.runtime.cache.stats.stream_layers > 0 and e.runtime.streamer.slots is None
-
-
-def test_rows_are_copied_in_runs():
-    """copy_rows puts every source row where it is asked, one copy per run consecutive on both
-    sides (a streamed layer's experts in expert order to a buffer's consecutive slots)."""
-    from engine.moe.cache import copy_rows
-    src = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(5):
-        rows = torch.randperm(20, generator=g)[:12].tolist()
-        slots = torch.randperm(30, generator=g)[:12].tolist()
-        dst, want = torch.zeros(30, 3), torch.zeros(30, 3)
-        copy_rows(dst, slots, src, rows)
-        for s, r in zip(slots, rows):
-            want[s] = src[r]
-        assert torch.equal(dst, want)
-    dst = torch.zeros(30, 3)
-    assert copy_rows(dst, [9, 5, 6, 7, 20], src, [4, 0, 1, 2, 3]) == 3  # 0-2 -> 5-7 is one run; 3 -> 20 and 4 -> 9 not
-    assert torch.equal(dst[5:8], src[0:3]) and torch.equal(dst[20], src[3]) and torch.equal(dst[9], src[4])
-    assert copy_rows(dst, [], src, []) == 0

@@ -61,24 +61,6 @@ def slots_for_budget(budget: int, layout: SlotLayout, n_experts: int) -> int:
     return slots
 
 
-def copy_rows(dst: torch.Tensor, dst_rows: list[int], src: torch.Tensor, src_rows: list[int],
-              non_blocking: bool = False) -> int:
-    """dst[dst_rows[i]] = src[src_rows[i]] for every i, as one copy per run of rows consecutive
-    on both sides (a layer's experts that are not resident often go, in expert order, to a
-    prefill buffer's consecutive slots: a few long copies instead of one per expert, each of
-    which costs the link a gap) -> the copies issued."""
-    pairs, n = sorted(zip(src_rows, dst_rows)), 0
-    i = 0
-    while i < len(pairs):
-        j = i + 1
-        while j < len(pairs) and pairs[j][0] == pairs[j - 1][0] + 1 and pairs[j][1] == pairs[j - 1][1] + 1:
-            j += 1
-        (s, d), k = pairs[i], j - i
-        dst[d:d + k].copy_(src[s:s + k], non_blocking=non_blocking)
-        i, n = j, n + 1
-    return n
-
-
 class ExpertCache:
     def __init__(self, layout: SlotLayout, n_slots: int, n_layers: int, n_experts: int,
                  device: torch.device, device_tables: bool = False):

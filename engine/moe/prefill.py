@@ -27,8 +27,6 @@ from contextlib import contextmanager
 
 import torch
 
-from engine.moe.cache import copy_rows
-
 PREFILL_MODES = ("adaptive", "stream", "routed")
 
 
@@ -141,7 +139,6 @@ class LayerStreamer:
             held = torch.where(torch.isin(held, torch.tensor(self.slots)), -1, held)
         half = torch.tensor(self.slots[(layer % 2) * self.E:(layer % 2 + 1) * self.E])
         fetch = (held < 0).nonzero().flatten().tolist()
-        to = half[fetch].tolist()
         event = None
         if self.cuda:
             if after is None:
@@ -149,10 +146,12 @@ class LayerStreamer:
             else:  # not the current layer's work, which reads the other buffer: the copies overlap it
                 self.copy_stream.wait_event(after)
             with torch.cuda.stream(self.copy_stream):
-                copy_rows(c.pool, to, bank, fetch, non_blocking=True)
+                for e in fetch:
+                    c.pool[int(half[e])].copy_(bank[e], non_blocking=True)
                 event = torch.cuda.Event()
                 event.record()
         else:
-            copy_rows(c.pool, to, bank, fetch)
+            for e in fetch:
+                c.pool[int(half[e])].copy_(bank[e])
         c.stats.record(slot_bytes=self.rt.store.layout.slot_bytes, streamed=len(fetch))
         self.ready[layer] = (torch.where(held >= 0, held, half).to(c.pool.device), event)

@@ -9,7 +9,7 @@ from contextlib import nullcontext
 
 import torch
 
-from engine.moe.cache import ExpertCache, copy_rows
+from engine.moe.cache import ExpertCache
 from engine.moe.layout import expert_bias
 from engine.moe.policy import MissPolicy
 from engine.moe.prefill import LayerStreamer
@@ -189,7 +189,8 @@ class ExpertRuntime:
             stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             with self.qstar.timed_fill(nbytes, pool.is_cuda):
-                copy_rows(pool, victims, bank, fetch, non_blocking=True)
+                for s, e in zip(victims, fetch):
+                    pool[s].copy_(bank[e], non_blocking=True)
             if stream is not None:
                 done = torch.cuda.Event()
                 done.record()
