@@ -75,13 +75,15 @@ def ftw_dir(model: str | None, converted: bool = False) -> Path | None:
             src = Path(snapshot_download(model, allow_patterns=HUB_PATTERNS, local_files_only=True))
         except Exception:  # not in the local hub cache (or no hub library): nothing converted to find
             return None
-    name = cache_name(model)
+    name, prints = cache_name(model), {}  # one fingerprint a dtype: it reads the side files
     for out in sorted(models_dir().glob(f"{glob.escape(name)}-*-*")) if src and models_dir().is_dir() else ():
         try:
             dt = json.loads((out / "ftw.json").read_text())["meta"]["dtype"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if out.name == f"{name}-{dt}-{fingerprint(src, dt)[:12]}":
+        if dt not in prints:
+            prints[dt] = fingerprint(src, dt)[:12]
+        if out.name == f"{name}-{dt}-{prints[dt]}":
             return out
     return None
 

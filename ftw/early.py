@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
-from .io import READ_THREADS, open_direct, pieces, pread
+from .io import READ_THREADS, open_shard, pieces, pread
 from .spec import INDEX_NAME
 
 BANK = re.compile(r"model\.layers\.(\d+)\.mlp\.experts")
@@ -104,8 +104,7 @@ class EarlyRead:
 
     def _open(self, shard: str) -> tuple:
         if shard not in self._fds:
-            p = self.path / shard
-            self._fds[shard] = (open_direct(p), os.open(p, os.O_RDONLY))
+            self._fds[shard] = open_shard(self.path / shard)
         return self._fds[shard]
 
     def yield_to(self, other: Future) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from .format import (ALIGN, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, READ_VERSIONS, FTWError, TensorInfo,
                      align_up, byte_view, is_safe_relpath)
-from .io import READ_THREADS, open_direct, pieces, pread
+from .io import READ_THREADS, open_shard, pieces, pread
 
 
 def aligned_empty(shape: Iterable[int], dtype: torch.dtype, align: int = ALIGN) -> torch.Tensor:
@@ -133,8 +133,7 @@ class FTWReader:
         """(O_DIRECT fd, or None where the filesystem refuses direct I/O; plain fd) of a shard."""
         with self._lock:
             if shard not in self._fds:
-                p = self.path / shard
-                self._fds[shard] = (open_direct(p) if self.use_direct else None, os.open(p, os.O_RDONLY))
+                self._fds[shard] = open_shard(self.path / shard, self.use_direct)
             return self._fds[shard]
 
     def _read_spans(self, shard: str, spans: list[tuple[memoryview, int, int]]) -> None:
