@@ -23,6 +23,7 @@ Between two steps is a safe point: work that changes what a step runs on (resizi
 cache) waits for it, from any thread."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -97,6 +98,18 @@ class Sequence:
         return len(self.tokens) - self.n_cached
 
 
+@dataclass(eq=False)
+class _Launched:
+    """A step queued on the device, its tokens not yet read."""
+    plan: list[tuple[Sequence, int]]
+    logits: torch.Tensor
+    samples: list[bool]            # the rows that sample a token (a prompt's last chunk, a decode)
+    greedy: list[bool]             # of those, the rows taken from `top`
+    top: torch.Tensor | None       # the argmax of every row, on the device
+    host: torch.Tensor | None      # the same, copied to the host in stream order
+    done: object = None            # a blocking CUDA event after both
+
+
 class Scheduler:
     def __init__(self, runner, eos_ids: set[int], max_running: int, prefill_chunk: int,
                  prefix_cache: bool = True, grammars: Grammars | None = None, anchors: Anchors | None = None):
@@ -113,6 +126,11 @@ class Scheduler:
         self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0, preempted=0)
         self._lock = threading.RLock()  # held by a step (and an abort): free between steps
         self._pending: deque[tuple] = deque()
+        self._ahead: _Launched | None = None  # a decode step launched before the last one's tokens were read
+        self._ready: list[tuple[Sequence, int]] = []  # tokens of a step completed early (_drain), not yet returned
+        # where the argmax of a step's rows lands on the host: two, for the step read and the one ahead of it
+        self._host_top = [torch.empty(max_running + 1, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
+            if runner.device.type == "cuda" else None
 
     def safe_point(self, fn):
         """Run fn() between two steps, from any thread, and return its result (or raise its
@@ -129,6 +147,8 @@ class Scheduler:
         return fut.result()
 
     def _run_pending(self) -> None:
+        if self._pending:  # what runs at a safe point sees no step in flight
+            self._drain()
         while self._pending:
             fn, fut = self._pending.popleft()
             try:
@@ -148,7 +168,7 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._ahead or self._ready)
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
@@ -236,61 +256,129 @@ class Scheduler:
         """Run one forward; returns (sequence, new token) for every sequence that sampled."""
         with self._lock:
             self._run_pending()
-            return self._step()
+            if self._ready:
+                out, self._ready = self._ready, []
+                return out
+            try:
+                return self._step()
+            except BaseException:
+                self._ahead = None
+                raise
 
     def _step(self) -> list[tuple[Sequence, int]]:
-        self._admit()
+        """Complete one step: the one launched ahead by the last call, else a new one. Before
+        reading its tokens, the next decode step is launched when it can be (_launch_ahead), so
+        the GPU runs it while the host reads these tokens and keeps its books."""
         t0 = time.perf_counter()
-        plan = self._plan()
-        # a reservation may preempt sequences planned before or after it: keep the survivors
-        reserved = [s for s, n in plan if s in self.running and self._reserve(s, n)]
-        plan = [(s, n) for s, n in plan if s in reserved and s in self.running]
-        if not plan:
-            return []
+        cur, self._ahead = self._ahead, None
+        if cur is None:
+            self._admit()
+            plan = self._plan()
+            # a reservation may preempt sequences planned before or after it: keep the survivors
+            reserved = [s for s, n in plan if s in self.running and self._reserve(s, n)]
+            plan = [(s, n) for s, n in plan if s in reserved and s in self.running]
+            if not plan:
+                return []
+            cur = self._launch(plan)
+        self._ahead = self._launch_ahead(cur)
+        out = self._complete(cur)
+        self._account(cur.plan, time.perf_counter() - t0)
+        return out
+
+    def _drain(self) -> None:
+        """Complete the step launched ahead, keeping its tokens for the next step() to return."""
+        if self._ahead is not None:
+            cur, self._ahead = self._ahead, None
+            self._ready += self._complete(cur)
+
+    def _launch(self, plan: list[tuple[Sequence, int]], ids: torch.Tensor | None = None) -> "_Launched":
+        """Queue the forward of `plan` and the argmax of its plainly greedy rows, without waiting for
+        the device. ids: the new tokens as a device tensor (a step launched ahead: the last step's
+        argmax, not yet read), one per sequence."""
         inside, ends = self._snapshots(plan)
-        batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.page_array()) for s, n in plan],
+        batch = ForwardBatch.build([([0] if ids is not None else s.tokens[s.n_cached:s.n_cached + n], s.n_cached,
+                                     s.page_array()) for s, n in plan],
                                    self.kv.page_size, self.runner.device,
                                    states=[s.state for s, _ in plan] if self.states else None, snapshots=inside,
                                    sliding=[s.sliding for s, _ in plan] if self.sliding else None)
-        logits = self.runner.forward(batch, self.kv)
+        if ids is not None:
+            batch = dataclasses.replace(batch, input_ids=ids)
+        logits = self.runner.forward(batch, self.kv, wait=False)
         self._attach([(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside], ends)
-        out, greedy = [], self._greedy(plan, logits)
-        for i, ((s, n), row) in enumerate(zip(plan, logits)):
+        samples = [ids is not None or s.pending == n for s, n in plan]
+        for s, n in plan:
             s.n_cached += n
             if self.sliding:
                 self._slide(s, n)
-            if s.pending == 0:
-                forced = s.params.forced
-                if s.params.repetition_penalty != 1.0 and s.seen is None:
-                    s.seen = seen_mask(s.tokens, row.numel(), row.device)
-                if s.n_output < len(forced):
-                    tok = forced[s.n_output]
-                elif greedy[i] is not None:
-                    tok = greedy[i]
-                else:
-                    tok = sample_row(s.constraint.mask(row) if s.constraint else row, s.params, s.gen, s.seen)
-                if s.constraint:
-                    s.constraint.advance(tok)
-                s.tokens.append(tok)
-                if s.seen is not None:
-                    s.seen[tok] = True
-                out.append((s, tok))
-                if self.anchors and self.anchors.at(s.tokens, s.n_cached) and s.n_cached - s.checkpointed >= GAP:
-                    self._checkpoint(s)
-                self._check_finish(s, tok)
-        self._account(plan, time.perf_counter() - t0)
+        greedy = [x and self._plain(s) for x, (s, _) in zip(samples, plan)]
+        top = logits.argmax(-1) if any(greedy) else None
+        host, done = top, None
+        if self._host_top is not None:  # the tokens come back in the step's own stream order; a
+            if top is not None:         # blocking event, so the host sleeps rather than spins for them
+                self._host_top.reverse()
+                host = self._host_top[0][:len(plan)]
+                host.copy_(top, non_blocking=True)
+            done = torch.cuda.Event(blocking=True)
+            done.record()
+        return _Launched(plan, logits, samples, greedy, top, host, done)
+
+    def _launch_ahead(self, cur: "_Launched") -> "_Launched | None":
+        """The next decode step of cur's sequences, launched before cur's tokens are read, when
+        nothing can change it: every running sequence is in it (none has a prompt to prefill) and
+        samples greedily and plainly, none can end by length or context, nothing waits to be
+        admitted or run at a safe point, the pool has the pages
+        without preempting, and the model keeps no state a step changes outside its KV (recurrent
+        states, sliding windows; several ranks follow rank 0's steps by value)."""
+        if self.waiting or self._pending or self.states or self.sliding or self.runner.group is not None \
+                or not all(cur.greedy):
+            return None
+        seqs = [s for s, _ in cur.plan]
+        if len(seqs) != len(self.running) or any(s.finish or s.n_output + 1 >= s.params.max_tokens or len(s.tokens) + 1 >= self.max_context
+               for s in seqs):
+            return None
+        need = sum(-(-(s.n_cached + 1) // self.kv.page_size) - len(s.pages) for s in seqs)
+        if need > len(self.kv.free):
+            return None
+        for s in seqs:
+            self._reserve(s, 1)  # fits: no preemption
+        return self._launch([(s, 1) for s in seqs], cur.top)
+
+    def _complete(self, cur: "_Launched") -> list[tuple[Sequence, int]]:
+        """Wait for a launched step and sample its rows: the greedy ones from its argmax, the
+        others here. A row whose sequence ended meanwhile (a step launched ahead of its end) is
+        dropped."""
+        if cur.done is not None:
+            cur.done.synchronize()
+        top = cur.host.tolist() if cur.host is not None else None
+        out = []
+        for i, ((s, n), row) in enumerate(zip(cur.plan, cur.logits)):
+            if not cur.samples[i] or s.finish:
+                continue
+            forced = s.params.forced
+            if s.params.repetition_penalty != 1.0 and s.seen is None:
+                s.seen = seen_mask(s.tokens, row.numel(), row.device)
+            if s.n_output < len(forced):
+                tok = forced[s.n_output]
+            elif cur.greedy[i]:
+                tok = top[i]
+            else:
+                tok = sample_row(s.constraint.mask(row) if s.constraint else row, s.params, s.gen, s.seen)
+            if s.constraint:
+                s.constraint.advance(tok)
+            s.tokens.append(tok)
+            if s.seen is not None:
+                s.seen[tok] = True
+            out.append((s, tok))
+            if self.anchors and self.anchors.at(s.tokens, s.n_cached) and s.n_cached - s.checkpointed >= GAP:
+                self._checkpoint(s)
+            self._check_finish(s, tok)
         return out
 
     @staticmethod
-    def _greedy(plan: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[int | None]:
-        """The argmax of every row that samples greedily and plainly (no penalty, grammar or forced
-        token) in one call, so that a batch waits for the device once, not once a row."""
-        plain = [s.pending == n and s.params.temperature == 0 and s.params.repetition_penalty == 1.0
-                 and s.constraint is None and s.n_output >= len(s.params.forced) for s, n in plan]
-        if not any(plain):
-            return [None] * len(plan)
-        top = logits.argmax(-1).tolist()
-        return [t if p else None for t, p in zip(top, plain)]
+    def _plain(s: Sequence) -> bool:
+        """Samples greedily with nothing that needs the host: no penalty, grammar or forced token."""
+        return s.params.temperature == 0 and s.params.repetition_penalty == 1.0 and s.constraint is None \
+            and s.n_output >= len(s.params.forced)
 
     def _slide(self, s: Sequence, n: int) -> None:
         """After a step of n tokens of s: keep its prompt's window in the prefix cache if the step

@@ -222,8 +222,10 @@ def test_long_prefill_keeps_the_decode_working_set(tiny_model):
     c = e.runtime.cache
     hot = {f for f in range(3 * 8) if c.tables.slot_of[f] >= 0 and c.tables.seen[f] >= c.tables.clock - 3 * 3}
     assert hot and c.stats.scan_steps == 0 and c.stats.cpu > 0  # short prompt: like decode
-    sched.add(Sequence(torch.randint(0, 256, (200,), generator=g).tolist(), SamplingParams(max_tokens=1)))
-    sched.step()  # the long prompt's prefill, batched with the chat's next decode step
+    long = Sequence(torch.randint(0, 256, (200,), generator=g).tolist(), SamplingParams(max_tokens=1))
+    sched.add(long)
+    while not long.n_cached:  # the decode step launched ahead, then the long prompt's prefill batched
+        sched.step()          # with the chat's next decode step
     assert c.stats.scan_steps == 3
     assert all(c.tables.slot_of[f] >= 0 for f in hot)
 

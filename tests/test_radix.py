@@ -137,3 +137,56 @@ def test_request_the_pool_cannot_hold_fails_instead_of_waiting_forever(tiny_mode
     run(keeper, list(range(1, 100)), n=1)                 # its prefix cache keeps these pages
     with pytest.raises(UserError, match="KV cache is full"):
         run(Scheduler(e, set(), 1, 64, prefix_cache=False), list(range(101, 200)), n=1)
+
+
+def test_decode_steps_run_one_ahead_and_end_where_they_should(tiny_model):
+    """A plainly greedy decode launches its next step before reading the last one's tokens; a
+    sequence that stops at an end token mid-way drops the step run ahead of it, keeps no page,
+    and its answer is the one without the end token, cut there."""
+    e = load(tiny_model("qwen3_moe")[2])
+    prompt = list(range(3, 40))
+    sched = Scheduler(e, set(), 2, 64)
+    full = run(sched, prompt, n=16).output
+    seq = Sequence(prompt, SamplingParams(max_tokens=4))
+    sched.add(seq)
+    ahead = 0
+    while not seq.finish:
+        sched.step()
+        ahead += sched._ahead is not None
+    assert ahead > 0 and seq.output == full[:4]
+    eos = full[6]
+    stop = run(Scheduler(e, {eos}, 2, 64), prompt, n=16)
+    assert stop.finish == "stop" and stop.output == full[:full.index(eos) + 1]
+    sched, held = Scheduler(e, {eos}, 2, 64, prefix_cache=False), e.kv.used  # the other schedulers' prefix trees
+    run(sched, prompt, n=16)
+    drained = 0
+    while sched.busy:
+        assert sched.step() == []  # the step run past the end: completed, nothing returned
+        drained += 1
+    assert drained == 1 and e.kv.used == held
+
+
+def test_abort_and_safe_point_while_a_step_runs_ahead(tiny_model):
+    """An abort while a step runs ahead drops that step's row; a safe point completes it first
+    and the next step() returns its tokens: nothing is lost or doubled."""
+    e = load(tiny_model("qwen3_moe")[2])
+    prompts = [list(range(3, 30)), list(range(50, 71))]
+    alone = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=12).output for p in prompts]
+    sched = Scheduler(e, set(), 2, 64, prefix_cache=False)
+    seqs = [Sequence(p, SamplingParams(max_tokens=12)) for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    got = {s.id: [] for s in seqs}
+    for i in range(40):
+        if not sched.busy:
+            break
+        if i == 6:
+            assert sched._ahead is not None
+            assert sched.safe_point(lambda: sched._ahead) is None  # completed before fn ran
+        if i == 9:
+            sched.abort(seqs[1])
+        for s, tok in sched.step():
+            got[s.id].append(tok)
+    assert got[seqs[0].id] == alone[0] and seqs[0].output == alone[0]
+    assert got[seqs[1].id] == seqs[1].output == alone[1][:len(seqs[1].output)] and seqs[1].finish == "abort"
+    assert e.kv.used == 0

@@ -34,8 +34,8 @@ def test_tokens_and_logits_unchanged_while_pages_behind_the_window_go(tiny_model
     rows, held = [], []
     forward = e.forward
 
-    def recording(batch, pool):
-        out = forward(batch, pool)
+    def recording(batch, pool, **kw):
+        out = forward(batch, pool, **kw)
         rows.append((int(batch.positions[-1]), out[-1].clone()))  # (a graph's output is reused)
         return out
     e.forward = recording
@@ -83,7 +83,7 @@ def test_kv_memory_saved_at_long_context(tiny_model):
     seq = Sequence(prompt(300, seed=6), SamplingParams(max_tokens=100))
     sched.add(seq)
     peak, forward = [], e.forward
-    e.forward = lambda batch, pool: peak.append(sl.used - 1) or forward(batch, pool)  # the dummy is the pool's
+    e.forward = lambda batch, pool, **kw: peak.append(sl.used - 1) or forward(batch, pool, **kw)  # the dummy is the pool's
     while not seq.finish:
         sched.step()
         if not seq.finish:
