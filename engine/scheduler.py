@@ -42,7 +42,7 @@ from engine.kv.batch import ForwardBatch
 from engine.kv.checkpoints import HybridPrefixCache
 from engine.kv.radix import RadixCache
 from engine.kv.windows import SlidingPrefixCache
-from engine.sampling import generator, sample_row, seen_mask
+from engine.sampling import GREEDY, generator, sample, seen_mask
 
 _ids = itertools.count()
 PROMPT_ANCHORS = 8
@@ -65,13 +65,13 @@ class Sequence:
     admitted: bool = False
     constraint: Constraint | None = None  # the grammar's state, when params.grammar is set
     seen: torch.Tensor | None = None     # with a repetition penalty: its tokens' mask (sampling.seen_mask)
+    gen: torch.Generator | None = None   # a sampler's generator, on the device that samples
     id: int = field(default_factory=lambda: next(_ids))
     _page_array: tuple | None = field(default=None, repr=False)  # (the pages list, its int32 copy)
 
     def __post_init__(self):
         self.tokens = list(self.tokens)  # its own list: the caller's prompt stays as it was
         self.n_prompt = len(self.tokens)
-        self.gen = generator(self.params)
 
     def page_array(self) -> np.ndarray:
         """`pages` as int32, kept beside the list as it grows (only appended to in place; a new
@@ -102,10 +102,8 @@ class Sequence:
 class _Launched:
     """A step queued on the device, its tokens not yet read."""
     plan: list[tuple[Sequence, int]]
-    logits: torch.Tensor
     samples: list[bool]            # the rows that sample a token (a prompt's last chunk, a decode)
-    greedy: list[bool]             # of those, the rows taken from `top`
-    top: torch.Tensor | None       # the argmax of every row, on the device
+    top: torch.Tensor | None       # their tokens, on the device
     host: torch.Tensor | None      # the same, copied to the host in stream order
     done: object = None            # a blocking CUDA event after both
 
@@ -292,9 +290,9 @@ class Scheduler:
             self._ready += self._complete(cur)
 
     def _launch(self, plan: list[tuple[Sequence, int]], ids: torch.Tensor | None = None) -> "_Launched":
-        """Queue the forward of `plan` and the argmax of its plainly greedy rows, without waiting for
-        the device. ids: the new tokens as a device tensor (a step launched ahead: the last step's
-        argmax, not yet read), one per sequence."""
+        """Queue the forward of `plan` and the sampling of its rows on the device, without waiting
+        for it. ids: the new tokens as a device tensor (a step launched ahead: the last step's
+        tokens, not yet read), one per sequence."""
         inside, ends = self._snapshots(plan)
         batch = ForwardBatch.build([([0] if ids is not None else s.tokens[s.n_cached:s.n_cached + n], s.n_cached,
                                      s.page_array()) for s, n in plan],
@@ -310,31 +308,53 @@ class Scheduler:
             s.n_cached += n
             if self.sliding:
                 self._slide(s, n)
-        greedy = [x and self._plain(s) for x, (s, _) in zip(samples, plan)]
-        top = logits.argmax(-1) if any(greedy) else None
-        host, done = top, None
-        if self._host_top is not None:  # the tokens come back in the step's own stream order; a
-            if top is not None:         # blocking event, so the host sleeps rather than spins for them
+        top, host, done = self._sample(plan, samples, logits), None, None
+        if top is not None:
+            host = top
+            if self._host_top is not None:  # back in the step's own stream order, into pinned memory
                 self._host_top.reverse()
                 host = self._host_top[0][:len(plan)]
                 host.copy_(top, non_blocking=True)
+        if self._host_top is not None:  # a blocking event: the host sleeps rather than spins for the step
             done = torch.cuda.Event(blocking=True)
             done.record()
-        return _Launched(plan, logits, samples, greedy, top, host, done)
+        return _Launched(plan, samples, top, host, done)
+
+    def _sample(self, plan: list[tuple[Sequence, int]], samples: list[bool], logits: torch.Tensor) -> torch.Tensor | None:
+        """Every sampling row's token, on the device (a row that samples nothing: its argmax,
+        unused). A grammar masks its row first; a repetition penalty's mask takes the token."""
+        if not any(samples):
+            return None
+        rows, params, gens, seen = logits, [], [], []
+        for i, ((s, _), x) in enumerate(zip(plan, samples)):
+            p = s.params if x else GREEDY
+            if x and s.constraint:
+                rows = rows.clone() if rows is logits else rows
+                rows[i] = s.constraint.mask(rows[i])
+            if p.repetition_penalty != 1.0 and s.seen is None:
+                s.seen = seen_mask(s.tokens, logits.shape[-1], logits.device)
+            if p.temperature > 0 and s.gen is None:
+                s.gen = generator(p, logits.device)
+            params.append(p), gens.append(s.gen), seen.append(s.seen)
+        top = sample(rows, params, gens, seen)
+        for i, (s, _) in enumerate(plan):
+            if samples[i] and s.seen is not None and s.n_output >= len(s.params.forced):
+                s.seen.index_fill_(0, top[i:i + 1], True)
+        return top
 
     def _launch_ahead(self, cur: "_Launched") -> "_Launched | None":
         """The next decode step of cur's sequences, launched before cur's tokens are read, when
-        nothing can change it: every running sequence is in it (none has a prompt to prefill) and
-        samples greedily and plainly, none can end by length or context, nothing waits to be
-        admitted or run at a safe point, the pool has the pages
-        without preempting, and the model keeps no state a step changes outside its KV (recurrent
+        nothing can change it: every running sequence is in it (none has a prompt to prefill),
+        samples and has no grammar or forced token (which need the host), and cannot end by length
+        or context; nothing waits to be admitted or run at a safe point; the pool has the pages
+        without preempting; the model keeps no state a step changes outside its KV (recurrent
         states, sliding windows; several ranks follow rank 0's steps by value)."""
-        if self.waiting or self._pending or self.states or self.sliding or self.runner.group is not None \
-                or not all(cur.greedy):
-            return None
         seqs = [s for s, _ in cur.plan]
-        if len(seqs) != len(self.running) or any(s.finish or s.n_output + 1 >= s.params.max_tokens or len(s.tokens) + 1 >= self.max_context
-               for s in seqs):
+        if self.waiting or self._pending or self.states or self.sliding or self.runner.group is not None \
+                or not all(cur.samples) or len(seqs) != len(self.running):
+            return None
+        if any(s.finish or s.constraint or s.n_output < len(s.params.forced)
+               or s.n_output + 1 >= s.params.max_tokens or len(s.tokens) + 1 >= self.max_context for s in seqs):
             return None
         need = sum(-(-(s.n_cached + 1) // self.kv.page_size) - len(s.pages) for s in seqs)
         if need > len(self.kv.free):
@@ -344,41 +364,27 @@ class Scheduler:
         return self._launch([(s, 1) for s in seqs], cur.top)
 
     def _complete(self, cur: "_Launched") -> list[tuple[Sequence, int]]:
-        """Wait for a launched step and sample its rows: the greedy ones from its argmax, the
-        others here. A row whose sequence ended meanwhile (a step launched ahead of its end) is
-        dropped."""
+        """Wait for a launched step and take its rows' tokens. A row whose sequence ended meanwhile
+        (a step launched ahead of its end) is dropped."""
         if cur.done is not None:
             cur.done.synchronize()
         top = cur.host.tolist() if cur.host is not None else None
         out = []
-        for i, ((s, n), row) in enumerate(zip(cur.plan, cur.logits)):
+        for i, (s, n) in enumerate(cur.plan):
             if not cur.samples[i] or s.finish:
                 continue
             forced = s.params.forced
-            if s.params.repetition_penalty != 1.0 and s.seen is None:
-                s.seen = seen_mask(s.tokens, row.numel(), row.device)
-            if s.n_output < len(forced):
-                tok = forced[s.n_output]
-            elif cur.greedy[i]:
-                tok = top[i]
-            else:
-                tok = sample_row(s.constraint.mask(row) if s.constraint else row, s.params, s.gen, s.seen)
+            tok = forced[s.n_output] if s.n_output < len(forced) else top[i]
+            if s.n_output < len(forced) and s.seen is not None:
+                s.seen[tok] = True
             if s.constraint:
                 s.constraint.advance(tok)
             s.tokens.append(tok)
-            if s.seen is not None:
-                s.seen[tok] = True
             out.append((s, tok))
             if self.anchors and self.anchors.at(s.tokens, s.n_cached) and s.n_cached - s.checkpointed >= GAP:
                 self._checkpoint(s)
             self._check_finish(s, tok)
         return out
-
-    @staticmethod
-    def _plain(s: Sequence) -> bool:
-        """Samples greedily with nothing that needs the host: no penalty, grammar or forced token."""
-        return s.params.temperature == 0 and s.params.repetition_penalty == 1.0 and s.constraint is None \
-            and s.n_output >= len(s.params.forced)
 
     def _slide(self, s: Sequence, n: int) -> None:
         """After a step of n tokens of s: keep its prompt's window in the prefix cache if the step

@@ -154,6 +154,16 @@ def test_decode_steps_run_one_ahead_and_end_where_they_should(tiny_model):
         sched.step()
         ahead += sched._ahead is not None
     assert ahead > 0 and seq.output == full[:4]
+    sampled, ahead = [], 0
+    for _ in range(2):  # a seeded sampler runs ahead too, its draws its own
+        sched = Scheduler(e, set(), 2, 64, prefix_cache=False)
+        seq = Sequence(prompt, SamplingParams(max_tokens=12, temperature=0.9, top_k=30, repetition_penalty=1.2, seed=5))
+        sched.add(seq)
+        while not seq.finish:
+            sched.step()
+            ahead += sched._ahead is not None
+        sampled.append(seq.output)
+    assert ahead > 0 and sampled[0] == sampled[1] != full[:12]
     eos = full[6]
     stop = run(Scheduler(e, {eos}, 2, 64), prompt, n=16)
     assert stop.finish == "stop" and stop.output == full[:full.index(eos) + 1]
