@@ -126,7 +126,7 @@ class Scheduler:
         self._pending: deque[tuple] = deque()
         self._ahead: _Launched | None = None  # a decode step launched before the last one's tokens were read
         self._ready: list[tuple[Sequence, int]] = []  # tokens of a step completed early (_drain), not yet returned
-        # where the argmax of a step's rows lands on the host: two, for the step read and the one ahead of it
+        # where a step's tokens land on the host: two buffers, for the step read and the one ahead of it
         self._host_top = [torch.empty(max_running + 1, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
             if runner.device.type == "cuda" else None
 
