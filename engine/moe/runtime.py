@@ -4,6 +4,7 @@ device cache and the CPU routes from the host store concurrently, and merge exac
 fills and CPU jobs are timed by engine.moe.qstar, which keeps q* current."""
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import nullcontext
 
@@ -35,9 +36,9 @@ class ExpertRuntime:
         self.device_ctl = None  # engine.moe.device_control.DeviceControl in graph mode
         self._resident = None   # every expert's slot, during a prefill forward that finds all resident
         self.streamer = LayerStreamer(self, prefill_mode)
-        if cache.pool.is_cuda:  # decode-sized batches run the Triton GEMV kernel
-            from kernels.moe_triton import moe_experts_auto
-            self._experts = moe_experts_auto
+        if cache.pool.is_cuda:  # decode-sized batches run the Triton GEMV kernel; a layer step's
+            from kernels.moe_triton import moe_experts_auto  # routes meet at most E slots
+            self._experts = functools.partial(moe_experts_auto, experts=cache.n_experts)
 
     @property
     def cpu(self):
