@@ -19,8 +19,12 @@ window after every step (engine.kv.paged.SlidingPool); the prefix cache keeps th
 prompt's end and where a sequence stops (engine.kv.windows), and a request resumes at the deepest
 kept window its prompt continues.
 
+Tokens are sampled on the device, and while every running sequence only decodes, the next step
+is launched with them before the host reads them (Scheduler._launch_ahead), so the GPU does not
+wait for the host's books; a sequence that ends drops the step launched past its end.
+
 Between two steps is a safe point: work that changes what a step runs on (resizing the expert
-cache) waits for it, from any thread."""
+cache) waits for it, from any thread; a step launched ahead completes first."""
 from __future__ import annotations
 
 import dataclasses
@@ -348,16 +352,17 @@ class Scheduler:
         samples and has no grammar or forced token (which need the host), and cannot end by length
         or context; nothing waits to be admitted or run at a safe point; the pool has the pages
         without preempting; the model keeps no state a step changes outside its KV (recurrent
-        states, sliding windows; several ranks follow rank 0's steps by value)."""
+        states; several ranks follow rank 0's steps by value)."""
         seqs = [s for s, _ in cur.plan]
-        if self.waiting or self._pending or self.states or self.sliding or self.runner.group is not None \
+        if self.waiting or self._pending or self.states or self.runner.group is not None \
                 or not all(cur.samples) or len(seqs) != len(self.running):
             return None
         if any(s.finish or s.constraint or s.n_output < len(s.params.forced)
                or s.n_output + 1 >= s.params.max_tokens or len(s.tokens) + 1 >= self.max_context for s in seqs):
             return None
         need = sum(-(-(s.n_cached + 1) // self.kv.page_size) - len(s.pages) for s in seqs)
-        if need > len(self.kv.free):
+        if need > len(self.kv.free) or self.sliding and \
+                sum(self.sliding.wanted(s.sliding, s.n_cached + 1) for s in seqs) > len(self.sliding.free):
             return None
         for s in seqs:
             self._reserve(s, 1)  # fits: no preemption

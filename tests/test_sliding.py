@@ -42,9 +42,12 @@ def test_tokens_and_logits_unchanged_while_pages_behind_the_window_go(tiny_model
     seq = Sequence(ids, SamplingParams(max_tokens=60))
     sched = Scheduler(e, set(), 1, e.prefill_chunk, prefix_cache=False)
     sched.add(seq)
+    ahead = 0
     while not seq.finish:
         sched.step()
         held.append(len(set(seq.sliding) - {sl.dummy}))
+        ahead += sched._ahead is not None  # decode steps launched before the last one's tokens were read
+    assert ahead > 50
     want = reference(ref, seq)
     assert rel_err(torch.stack([r for _, r in rows]), want[[p for p, _ in rows]]) < 1e-4
     # memory: after each step the sequence holds the window's pages (a page more at most), the
