@@ -93,6 +93,7 @@ def test_shared_pool_preempts_newest_and_every_request_ends(tiny_model):
     """Three requests that together need more KV than the pool holds: the newest are preempted
     (their KV parked in the prefix cache) and resume; each answer equals its run alone."""
     e = load(tiny_model("qwen3_moe")[2], kv_tokens=256, max_running=3)
+    base = e.kv.used  # (on CUDA the decode graphs hold a scratch page)
     g = torch.Generator().manual_seed(9)
     prompts = [torch.randint(0, 256, (90,), generator=g).tolist() for _ in range(3)]
     alone = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=40).output for p in prompts]
@@ -100,7 +101,7 @@ def test_shared_pool_preempts_newest_and_every_request_ends(tiny_model):
     seqs = together(sched, prompts, 40)
     assert [s.output for s in seqs] == alone and all(s.finish == "length" for s in seqs)
     assert sched.totals["preempted"] > 0
-    assert e.kv.used == sched.prefix.pages  # only the prefix cache holds pages now
+    assert e.kv.used == sched.prefix.pages + base  # only the prefix cache holds pages now
 
 
 def test_a_batch_of_mixed_samplers_gives_each_its_answer_alone(tiny_model):
@@ -180,6 +181,7 @@ def test_abort_and_safe_point_while_a_step_runs_ahead(tiny_model):
     """An abort while a step runs ahead drops that step's row; a safe point completes it first
     and the next step() returns its tokens: nothing is lost or doubled."""
     e = load(tiny_model("qwen3_moe")[2])
+    base = e.kv.used  # (on CUDA the decode graphs hold a scratch page)
     prompts = [list(range(3, 30)), list(range(50, 71))]
     alone = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=12).output for p in prompts]
     sched = Scheduler(e, set(), 2, 64, prefix_cache=False)
@@ -199,4 +201,4 @@ def test_abort_and_safe_point_while_a_step_runs_ahead(tiny_model):
             got[s.id].append(tok)
     assert got[seqs[0].id] == alone[0] and seqs[0].output == alone[0]
     assert got[seqs[1].id] == seqs[1].output == alone[1][:len(seqs[1].output)] and seqs[1].finish == "abort"
-    assert e.kv.used == 0
+    assert e.kv.used == base
