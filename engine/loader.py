@@ -25,7 +25,7 @@ from engine.moe.runtime import ExpertRuntime
 from engine.moe.shard import this_rank
 from engine.moe.store import HostExpertStore
 from engine.runner import ModelRunner
-from engine.sampling import sample_row
+from engine.sampling import generator, sample
 from ftw.format import DTYPES
 
 GiB = 2**30
@@ -329,9 +329,9 @@ def warm_prefill(runner: ModelRunner) -> None:
                          *(in_page(kv.sliding.dummy) if kv.sliding else (None, None)))
     routing, rt.routing = rt.routing, None
     try:
-        logits = runner.model(batch, kv)[-1].float()
+        logits = runner.model(batch, kv)[-1:].float()
         for p in (SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, top_k=20)):  # greedy, sampled
-            sample_row(logits, p, None)
+            sample(logits, [p], [generator(p, logits.device)], [None])
         if kv.k.is_cuda:
             torch.cuda.synchronize()
     finally:

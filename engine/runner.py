@@ -32,17 +32,19 @@ class ModelRunner:
     states: StatePool | None = None  # recurrent states of hybrid models' linear-attention layers
     group: object = None         # engine.dist.Rank on rank 0 of several ranks, which follow its steps
 
-    def forward(self, batch, kv) -> torch.Tensor:
-        """One step of the model, on every rank when there are several."""
+    def forward(self, batch, kv, wait: bool = True) -> torch.Tensor:
+        """One step of the model, on every rank when there are several. wait=False: a graph step
+        returns once launched (the caller waits for it its own way)."""
         if self.group is not None:
             return self.group.step(self, batch, kv)
-        return self.step(batch, kv)
+        return self.step(batch, kv, wait)
 
-    def step(self, batch, kv) -> torch.Tensor:
+    def step(self, batch, kv, wait: bool = True) -> torch.Tensor:
         """This rank's step: a captured graph for decode batches when one fits, else eager."""
         self.runtime.before_step()
         out = self.graphs.run(batch) if self.graphs is not None else None
         if out is None:
             return self.model(batch, kv)
-        self.runtime.after_graph_step()
+        if wait:
+            self.runtime.after_graph_step()
         return out

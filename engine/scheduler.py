@@ -19,10 +19,15 @@ window after every step (engine.kv.paged.SlidingPool); the prefix cache keeps th
 prompt's end and where a sequence stops (engine.kv.windows), and a request resumes at the deepest
 kept window its prompt continues.
 
+Tokens are sampled on the device, and while every running sequence only decodes, the next step
+is launched with them before the host reads them (Scheduler._launch_ahead), so the GPU does not
+wait for the host's books; a sequence that ends drops the step launched past its end.
+
 Between two steps is a safe point: work that changes what a step runs on (resizing the expert
-cache) waits for it, from any thread."""
+cache) waits for it, from any thread; a step launched ahead completes first."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -41,7 +46,7 @@ from engine.kv.batch import ForwardBatch
 from engine.kv.checkpoints import HybridPrefixCache
 from engine.kv.radix import RadixCache
 from engine.kv.windows import SlidingPrefixCache
-from engine.sampling import generator, sample_row, seen_mask
+from engine.sampling import GREEDY, generator, sample, seen_mask
 
 _ids = itertools.count()
 PROMPT_ANCHORS = 8
@@ -64,13 +69,13 @@ class Sequence:
     admitted: bool = False
     constraint: Constraint | None = None  # the grammar's state, when params.grammar is set
     seen: torch.Tensor | None = None     # with a repetition penalty: its tokens' mask (sampling.seen_mask)
+    gen: torch.Generator | None = None   # a sampler's generator, on the device that samples
     id: int = field(default_factory=lambda: next(_ids))
     _page_array: tuple | None = field(default=None, repr=False)  # (the pages list, its int32 copy)
 
     def __post_init__(self):
         self.tokens = list(self.tokens)  # its own list: the caller's prompt stays as it was
         self.n_prompt = len(self.tokens)
-        self.gen = generator(self.params)
 
     def page_array(self) -> np.ndarray:
         """`pages` as int32, kept beside the list as it grows (only appended to in place; a new
@@ -97,6 +102,16 @@ class Sequence:
         return len(self.tokens) - self.n_cached
 
 
+@dataclass(eq=False)
+class _Launched:
+    """A step queued on the device, its tokens not yet read."""
+    plan: list[tuple[Sequence, int]]
+    samples: list[bool]            # the rows that sample a token (a prompt's last chunk, a decode)
+    top: torch.Tensor | None       # their tokens, on the device
+    host: torch.Tensor | None      # the same, copied to the host in stream order
+    done: object = None            # a blocking CUDA event after both
+
+
 class Scheduler:
     def __init__(self, runner, eos_ids: set[int], max_running: int, prefill_chunk: int,
                  prefix_cache: bool = True, grammars: Grammars | None = None, anchors: Anchors | None = None):
@@ -113,6 +128,11 @@ class Scheduler:
         self.totals = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0, steps=0, preempted=0)
         self._lock = threading.RLock()  # held by a step (and an abort): free between steps
         self._pending: deque[tuple] = deque()
+        self._ahead: _Launched | None = None  # a decode step launched before the last one's tokens were read
+        self._ready: list[tuple[Sequence, int]] = []  # tokens of a step completed early (_drain), not yet returned
+        # where a step's tokens land on the host: two buffers, for the step read and the one ahead of it
+        self._host_top = [torch.empty(max_running + 1, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
+            if runner.device.type == "cuda" else None
 
     def safe_point(self, fn):
         """Run fn() between two steps, from any thread, and return its result (or raise its
@@ -129,6 +149,8 @@ class Scheduler:
         return fut.result()
 
     def _run_pending(self) -> None:
+        if self._pending:  # what runs at a safe point sees no step in flight
+            self._drain()
         while self._pending:
             fn, fut = self._pending.popleft()
             try:
@@ -148,7 +170,7 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._ahead or self._ready)
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
@@ -236,61 +258,138 @@ class Scheduler:
         """Run one forward; returns (sequence, new token) for every sequence that sampled."""
         with self._lock:
             self._run_pending()
-            return self._step()
+            if self._ready:
+                out, self._ready = self._ready, []
+                return out
+            try:
+                return self._step()
+            except BaseException:
+                self._ahead = None
+                raise
 
     def _step(self) -> list[tuple[Sequence, int]]:
-        self._admit()
+        """Complete one step: the one launched ahead by the last call, else a new one. Before
+        reading its tokens, the next decode step is launched when it can be (_launch_ahead), so
+        the GPU runs it while the host reads these tokens and keeps its books."""
         t0 = time.perf_counter()
-        plan = self._plan()
-        # a reservation may preempt sequences planned before or after it: keep the survivors
-        reserved = [s for s, n in plan if s in self.running and self._reserve(s, n)]
-        plan = [(s, n) for s, n in plan if s in reserved and s in self.running]
-        if not plan:
-            return []
+        cur, self._ahead = self._ahead, None
+        if cur is None:
+            self._admit()
+            plan = self._plan()
+            # a reservation may preempt sequences planned before or after it: keep the survivors
+            reserved = [s for s, n in plan if s in self.running and self._reserve(s, n)]
+            plan = [(s, n) for s, n in plan if s in reserved and s in self.running]
+            if not plan:
+                return []
+            cur = self._launch(plan)
+        self._ahead = self._launch_ahead(cur)
+        out = self._complete(cur)
+        self._account(cur.plan, time.perf_counter() - t0)
+        return out
+
+    def _drain(self) -> None:
+        """Complete the step launched ahead, keeping its tokens for the next step() to return."""
+        if self._ahead is not None:
+            cur, self._ahead = self._ahead, None
+            self._ready += self._complete(cur)
+
+    def _launch(self, plan: list[tuple[Sequence, int]], ids: torch.Tensor | None = None) -> "_Launched":
+        """Queue the forward of `plan` and the sampling of its rows on the device, without waiting
+        for it. ids: the new tokens as a device tensor (a step launched ahead: the last step's
+        tokens, not yet read), one per sequence."""
         inside, ends = self._snapshots(plan)
-        batch = ForwardBatch.build([(s.tokens[s.n_cached:s.n_cached + n], s.n_cached, s.page_array()) for s, n in plan],
+        batch = ForwardBatch.build([([0] if ids is not None else s.tokens[s.n_cached:s.n_cached + n], s.n_cached,
+                                     s.page_array()) for s, n in plan],
                                    self.kv.page_size, self.runner.device,
                                    states=[s.state for s, _ in plan] if self.states else None, snapshots=inside,
                                    sliding=[s.sliding for s, _ in plan] if self.sliding else None)
-        logits = self.runner.forward(batch, self.kv)
+        if ids is not None:
+            batch = dataclasses.replace(batch, input_ids=ids)
+        logits = self.runner.forward(batch, self.kv, wait=False)
         self._attach([(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside], ends)
-        out, greedy = [], self._greedy(plan, logits)
-        for i, ((s, n), row) in enumerate(zip(plan, logits)):
+        samples = [ids is not None or s.pending == n for s, n in plan]
+        for s, n in plan:
             s.n_cached += n
             if self.sliding:
                 self._slide(s, n)
-            if s.pending == 0:
-                forced = s.params.forced
-                if s.params.repetition_penalty != 1.0 and s.seen is None:
-                    s.seen = seen_mask(s.tokens, row.numel(), row.device)
-                if s.n_output < len(forced):
-                    tok = forced[s.n_output]
-                elif greedy[i] is not None:
-                    tok = greedy[i]
-                else:
-                    tok = sample_row(s.constraint.mask(row) if s.constraint else row, s.params, s.gen, s.seen)
-                if s.constraint:
-                    s.constraint.advance(tok)
-                s.tokens.append(tok)
-                if s.seen is not None:
-                    s.seen[tok] = True
-                out.append((s, tok))
-                if self.anchors and self.anchors.at(s.tokens, s.n_cached) and s.n_cached - s.checkpointed >= GAP:
-                    self._checkpoint(s)
-                self._check_finish(s, tok)
-        self._account(plan, time.perf_counter() - t0)
-        return out
+        top, host, done = self._sample(plan, samples, logits), None, None
+        if top is not None:
+            host = top
+            if self._host_top is not None:  # back in the step's own stream order, into pinned memory
+                self._host_top.reverse()
+                host = self._host_top[0][:len(plan)]
+                host.copy_(top, non_blocking=True)
+        if self._host_top is not None:  # a blocking event: the host sleeps rather than spins for the step
+            done = torch.cuda.Event(blocking=True)
+            done.record()
+        return _Launched(plan, samples, top, host, done)
 
-    @staticmethod
-    def _greedy(plan: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[int | None]:
-        """The argmax of every row that samples greedily and plainly (no penalty, grammar or forced
-        token) in one call, so that a batch waits for the device once, not once a row."""
-        plain = [s.pending == n and s.params.temperature == 0 and s.params.repetition_penalty == 1.0
-                 and s.constraint is None and s.n_output >= len(s.params.forced) for s, n in plan]
-        if not any(plain):
-            return [None] * len(plan)
-        top = logits.argmax(-1).tolist()
-        return [t if p else None for t, p in zip(top, plain)]
+    def _sample(self, plan: list[tuple[Sequence, int]], samples: list[bool], logits: torch.Tensor) -> torch.Tensor | None:
+        """Every sampling row's token, on the device (a row that samples nothing: its argmax,
+        unused). A grammar masks its row first; a repetition penalty's mask takes the token."""
+        if not any(samples):
+            return None
+        rows, params, gens, seen = logits, [], [], []
+        for i, ((s, _), x) in enumerate(zip(plan, samples)):
+            p = s.params if x else GREEDY
+            if x and s.constraint:
+                rows = rows.clone() if rows is logits else rows
+                rows[i] = s.constraint.mask(rows[i])
+            if p.repetition_penalty != 1.0 and s.seen is None:
+                s.seen = seen_mask(s.tokens, logits.shape[-1], logits.device)
+            if p.temperature > 0 and s.gen is None:
+                s.gen = generator(p, logits.device)
+            params.append(p), gens.append(s.gen), seen.append(s.seen)
+        top = sample(rows, params, gens, seen)
+        for i, (s, _) in enumerate(plan):
+            if samples[i] and s.seen is not None and s.n_output >= len(s.params.forced):
+                s.seen.index_fill_(0, top[i:i + 1], True)
+        return top
+
+    def _launch_ahead(self, cur: "_Launched") -> "_Launched | None":
+        """The next decode step of cur's sequences, launched before cur's tokens are read, when
+        nothing can change it: every running sequence is in it (none has a prompt to prefill),
+        samples and has no grammar or forced token (which need the host), and cannot end by length
+        or context; nothing waits to be admitted or run at a safe point; the pool has the pages
+        without preempting; the model keeps no state a step changes outside its KV (recurrent
+        states; several ranks follow rank 0's steps by value)."""
+        seqs = [s for s, _ in cur.plan]
+        if self.waiting or self._pending or self.states or self.runner.group is not None \
+                or not all(cur.samples) or len(seqs) != len(self.running):
+            return None
+        if any(s.finish or s.constraint or s.n_output < len(s.params.forced)
+               or s.n_output + 1 >= s.params.max_tokens or len(s.tokens) + 1 >= self.max_context for s in seqs):
+            return None
+        need = sum(-(-(s.n_cached + 1) // self.kv.page_size) - len(s.pages) for s in seqs)
+        if need > len(self.kv.free) or self.sliding and \
+                sum(self.sliding.wanted(s.sliding, s.n_cached + 1) for s in seqs) > len(self.sliding.free):
+            return None
+        for s in seqs:
+            self._reserve(s, 1)  # fits: no preemption
+        return self._launch([(s, 1) for s in seqs], cur.top)
+
+    def _complete(self, cur: "_Launched") -> list[tuple[Sequence, int]]:
+        """Wait for a launched step and take its rows' tokens. A row whose sequence ended meanwhile
+        (a step launched ahead of its end) is dropped."""
+        if cur.done is not None:
+            cur.done.synchronize()
+        top = cur.host.tolist() if cur.host is not None else None
+        out = []
+        for i, (s, n) in enumerate(cur.plan):
+            if not cur.samples[i] or s.finish:
+                continue
+            forced = s.params.forced
+            tok = forced[s.n_output] if s.n_output < len(forced) else top[i]
+            if s.n_output < len(forced) and s.seen is not None:
+                s.seen[tok] = True
+            if s.constraint:
+                s.constraint.advance(tok)
+            s.tokens.append(tok)
+            out.append((s, tok))
+            if self.anchors and self.anchors.at(s.tokens, s.n_cached) and s.n_cached - s.checkpointed >= GAP:
+                self._checkpoint(s)
+            self._check_finish(s, tok)
+        return out
 
     def _slide(self, s: Sequence, n: int) -> None:
         """After a step of n tokens of s: keep its prompt's window in the prefix cache if the step

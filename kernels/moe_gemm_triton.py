@@ -86,7 +86,7 @@ def _tile_routes(tile_ptr, order_ptr, BLOCK_M: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(tile_ptr + 3 * t).to(tl.int64)
     pos = tl.load(tile_ptr + 3 * t + 1) + tl.arange(0, BLOCK_M)
-    mp = pos < tl.load(tile_ptr + 3 * t + 2)
+    mp = pos < tl.load(tile_ptr + 3 * t + 2)                 # all false in an empty tile
     return pos, mp, tl.load(order_ptr + pos, mask=mp, other=0), slot
 
 
@@ -97,6 +97,8 @@ def _gate_up_gemm(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r
                   PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, BIAS: tl.constexpr,
                   CLAMP: tl.constexpr):
+    if tl.load(tile_ptr + 3 * tl.program_id(0) + 1) >= tl.load(tile_ptr + 3 * tl.program_id(0) + 2):
+        return  # an empty tile (past the last)
     pos, mp, route, slot = _tile_routes(tile_ptr, order_ptr, BLOCK_M)
     j = tl.arange(0, 2 * BLOCK_N)                        # gate and up rows interleaved
     offs_n = tl.program_id(1) * BLOCK_N + j // 2
@@ -125,6 +127,8 @@ def _down_gemm(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, t
                order_ptr, rw_ptr, y_ptr, b_ptr, sb_s, H, I, FMT: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, GK: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, BIAS: tl.constexpr):
+    if tl.load(tile_ptr + 3 * tl.program_id(0) + 1) >= tl.load(tile_ptr + 3 * tl.program_id(0) + 2):
+        return  # an empty tile (past the last)
     pos, mp, route, slot = _tile_routes(tile_ptr, order_ptr, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mn = offs_n < H
@@ -170,31 +174,43 @@ def _parts(w: QWeight | torch.Tensor, block_k: int) -> tuple[tuple, dict]:
             dict(FMT=w.fmt, BN=bn, BK=bk, GK=math.gcd(block_k, bk)))
 
 
-def _tiles(slots: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routes sorted by slot, and int32 [n, 3] tiles (slot, first, end) of at most block_m of
-    them, one slot each, skipping slot -1 (one host sync, as the reference's own)."""
+def _tiles(slots: torch.Tensor, block_m: int, distinct: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routes sorted by slot, and int32 [n, 3] tiles (slot, first, end) of at most block_m of them,
+    one slot each, skipping slot -1, built on the device without waiting for it: n =
+    cdiv(routes, block_m) + distinct bounds their number from the shapes alone (distinct: at most
+    that many slots among the routes), and the tiles past the last are empty (first = end = 0)."""
     flat = slots.reshape(-1)
+    R, dev = flat.numel(), flat.device
     order = torch.argsort(flat, stable=True)
-    uniq, counts = torch.unique_consecutive(flat[order], return_counts=True)
-    tiles, start = [], 0
-    for s, n in zip(uniq.tolist(), counts.tolist()):
-        if s >= 0:
-            tiles += [(s, r, min(r + block_m, start + n)) for r in range(start, start + n, block_m)]
-        start += n
-    return order, torch.tensor(tiles, dtype=torch.int32, device=slots.device).view(-1, 3)
+    s, i = flat[order], torch.arange(R, device=dev)
+    new = torch.ones(R, dtype=torch.bool, device=dev)   # the first route of each slot's run
+    new[1:] = s[1:] != s[:-1]
+    last = torch.ones_like(new)
+    last[:-1] = new[1:]
+    first = torch.cummax(torch.where(new, i, 0), 0).values
+    end = torch.cummin(torch.where(last, i + 1, R).flip(0), 0).values.flip(0)
+    head = ((i - first) % block_m == 0) & (s >= 0)      # a tile starts here
+    n = -(-R // block_m) + min(distinct, R)
+    tiles = torch.zeros(n + 1, 3, dtype=torch.int32, device=dev)  # row n: where the other routes go
+    at = torch.where(head, torch.cumsum(head, 0) - 1, n)
+    tiles.index_put_((at,), torch.stack([s, i, torch.minimum(i + block_m, end)], 1).to(torch.int32))
+    return order, tiles[:n]
 
 
 def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight | torch.Tensor, w_down: QWeight | torch.Tensor,
                      slots: torch.Tensor, weights: torch.Tensor, act: ExpertAct = SILU, bias: ExpertBias | None = None,
-                     blocks: tuple[int, int, int, int, int] = (64, 64, 64, 64, 64)) -> torch.Tensor:
+                     blocks: tuple[int, int, int, int, int] = (64, 64, 64, 64, 64),
+                     experts: int | None = None) -> torch.Tensor:
     """ref.moe_experts: x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I] (QWeights or tensors);
     slots [T, K] (-1 = elsewhere); weights [T, K]; act and bias as the reference takes them ->
-    [T, H] float32. blocks = (BLOCK_M, BLOCK_N, BLOCK_K of A, BLOCK_N, BLOCK_K of B)."""
+    [T, H] float32. blocks = (BLOCK_M, BLOCK_N, BLOCK_K of A, BLOCK_N, BLOCK_K of B). experts: at
+    most that many distinct slots among the routes (a layer's experts; default S), which bounds
+    the programs launched: nothing here waits for the device."""
     T, H = x.shape
     K, I = slots.shape[1], w_down.shape[2]
     assert tuple(w_gate_up.shape[1:]) == (2 * I, H) and w_down.shape[1] == H and x.stride(1) == 1
     bm, bn, bk, bn2, bk2 = blocks
-    order, tiles = _tiles(slots, bm)
+    order, tiles = _tiles(slots, bm, min(experts or w_gate_up.shape[0], w_gate_up.shape[0]))
     y = torch.zeros(T * K, H, dtype=torch.float32, device=x.device)     # weighted, per route
     if len(tiles):
         prec = "ieee" if x.dtype == torch.float32 else "tf32"            # fp32: no TF32 rounding

@@ -255,14 +255,15 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
 
 def moe_experts_auto(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight,
                      w_down: torch.Tensor | QWeight, slots: torch.Tensor, weights: torch.Tensor,
-                     act: ExpertAct = SILU, bias: ExpertBias | None = None, reduce: bool = True) -> torch.Tensor:
+                     act: ExpertAct = SILU, bias: ExpertBias | None = None, reduce: bool = True,
+                     experts: int | None = None) -> torch.Tensor:
     """On CUDA the GEMV kernels for decode-sized batches (T*K <= 64), the grouped GEMMs for more
-    routes; the reference elsewhere. Both of the latter always return the sum over the routes,
-    whatever reduce asks."""
+    routes (experts: at most that many distinct slots among them, moe_experts_gemm); the reference
+    elsewhere. Both of the latter always return the sum over the routes, whatever reduce asks."""
     if x.is_cuda and slots.numel() <= 64:
         return moe_experts(x, w_gate_up, w_down, slots, weights, act, bias, reduce=reduce)
     if x.is_cuda:
-        return moe_experts_gemm(x, w_gate_up, w_down, slots, weights, act, bias)
+        return moe_experts_gemm(x, w_gate_up, w_down, slots, weights, act, bias, experts=experts)
     return ref.moe_experts(x, w_gate_up, w_down, slots, weights, act, bias)
 
 

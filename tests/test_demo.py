@@ -106,20 +106,55 @@ def test_demo_beats_unigram_on_heldout_code(demo):
 
 
 def test_repetition_penalty_matches_transformers():
-    """sample_row's penalty is transformers' RepetitionPenaltyLogitsProcessor over the prompt and
+    """The sampler's penalty is transformers' RepetitionPenaltyLogitsProcessor over the prompt and
     output tokens (repeats counted once), greedy and sampled alike."""
     from transformers import RepetitionPenaltyLogitsProcessor
 
     from engine.config import SamplingParams
-    from engine.sampling import sample_row, seen_mask
+    from engine.sampling import sample, seen_mask
+
+    def one(logits, p, gen=None):
+        return int(sample(logits[None], [p], [gen], [seen])[0])
     torch.manual_seed(0)
     logits, ids = torch.randn(50), [3, 7, 7, 12, 40, 3]
     seen = seen_mask(ids, 50, logits.device)
     want = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([ids]), logits[None].clone())[0]
-    assert sample_row(logits, SamplingParams(repetition_penalty=1.3), None, seen) == int(want.argmax())
+    assert one(logits, SamplingParams(repetition_penalty=1.3)) == int(want.argmax())
     logits[7] = logits.max() + 0.1  # a seen token on top: the penalty moves the greedy pick
-    assert sample_row(logits, SamplingParams(), None, seen) == 7
-    assert sample_row(logits, SamplingParams(repetition_penalty=5.0), None, seen) != 7
+    assert one(logits, SamplingParams()) == 7
+    assert one(logits, SamplingParams(repetition_penalty=5.0)) != 7
     p = SamplingParams(temperature=1.0, top_k=1, repetition_penalty=5.0)
     want = RepetitionPenaltyLogitsProcessor(5.0)(torch.tensor([ids]), logits[None].clone())[0]
-    assert sample_row(logits, p, torch.Generator().manual_seed(0), seen) == int(want.argmax())
+    assert one(logits, p, torch.Generator().manual_seed(0)) == int(want.argmax())
+
+
+def test_sampler_draws_from_transformers_warped_distribution():
+    """Temperature, top-k and top-p as transformers' logits warpers apply them: over many draws a
+    row's tokens follow the softmax of the warped logits (none outside its kept set); rows with
+    different settings share a batch, and a row's draws depend on its own generator only."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from engine.config import SamplingParams
+    from engine.sampling import sample
+    torch.manual_seed(1)
+    V, n = 12, 20000
+    logits = torch.randn(3, V) * 2
+    params = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.3, top_p=0.8),
+              SamplingParams(temperature=1.0, top_k=6, top_p=0.6)]
+    want = []
+    for row, p in zip(logits, params):
+        x = TemperatureLogitsWarper(p.temperature)(None, row[None].clone())
+        if p.top_k:
+            x = TopKLogitsWarper(p.top_k)(None, x)
+        if p.top_p < 1.0:
+            x = TopPLogitsWarper(p.top_p)(None, x)
+        want.append(x[0].softmax(-1))
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    draws = torch.stack([sample(logits, params, gens, [None] * 3) for _ in range(n)])  # [n, 3]
+    for j in range(3):
+        freq = torch.bincount(draws[:, j], minlength=V).float() / n
+        assert torch.all(freq[want[j] == 0] == 0), j
+        assert (freq - want[j]).abs().max() < 0.015, (j, freq, want[j])
+    g = torch.Generator().manual_seed(1)
+    alone = [sample(logits[1:2], params[1:2], [g], [None]) for _ in range(50)]
+    assert torch.cat(alone).tolist() == draws[:50, 1].tolist()

@@ -222,8 +222,10 @@ def test_long_prefill_keeps_the_decode_working_set(tiny_model):
     c = e.runtime.cache
     hot = {f for f in range(3 * 8) if c.tables.slot_of[f] >= 0 and c.tables.seen[f] >= c.tables.clock - 3 * 3}
     assert hot and c.stats.scan_steps == 0 and c.stats.cpu > 0  # short prompt: like decode
-    sched.add(Sequence(torch.randint(0, 256, (200,), generator=g).tolist(), SamplingParams(max_tokens=1)))
-    sched.step()  # the long prompt's prefill, batched with the chat's next decode step
+    long = Sequence(torch.randint(0, 256, (200,), generator=g).tolist(), SamplingParams(max_tokens=1))
+    sched.add(long)
+    while not long.n_cached:  # the decode step launched ahead, then the long prompt's prefill batched
+        sched.step()          # with the chat's next decode step
     assert c.stats.scan_steps == 3
     assert all(c.tables.slot_of[f] >= 0 for f in hot)
 
@@ -386,3 +388,25 @@ def test_an_early_read_yields_the_disk_to_the_dense_read(tiny_model, monkeypatch
     dense.set_result(None)
     read.wait()
     assert len(calls) == pieces and early.take(ftw) is read
+
+
+def test_prefill_with_every_expert_resident_plans_nothing(tiny_model):
+    """With every expert resident a prefill maps its routes to slots where they are (no plan, so
+    no wait for each layer's router): the same logits and hits as the planned path; a budget
+    short of every expert plans as before."""
+    from conftest import prefill_logits
+    _, _, ftw = tiny_model("qwen3_moe")
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(2)).tolist()
+    e = load(ftw)
+    rt = e.runtime
+    plans, plan = [], rt.cache.tables.plan
+    rt.cache.tables.plan = lambda *a, **k: plans.append(1) or plan(*a, **k)
+    before = rt.cache.stats.hits
+    fast, hits = prefill_logits(e, ids), rt.cache.stats.hits - before
+    assert plans == [] and hits > 0
+    rt._resident_slots = lambda: None  # the planned path
+    before = rt.cache.stats.hits
+    slow = prefill_logits(e, ids)
+    assert len(plans) == 3 and torch.equal(fast, slow) and rt.cache.stats.hits - before == hits
+    short = load(ftw, expert_budget=20 * rt.store.layout.slot_bytes).runtime
+    assert short._resident_slots() is None

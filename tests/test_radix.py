@@ -93,6 +93,7 @@ def test_shared_pool_preempts_newest_and_every_request_ends(tiny_model):
     """Three requests that together need more KV than the pool holds: the newest are preempted
     (their KV parked in the prefix cache) and resume; each answer equals its run alone."""
     e = load(tiny_model("qwen3_moe")[2], kv_tokens=256, max_running=3)
+    base = e.kv.used  # (on CUDA the decode graphs hold a scratch page)
     g = torch.Generator().manual_seed(9)
     prompts = [torch.randint(0, 256, (90,), generator=g).tolist() for _ in range(3)]
     alone = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=40).output for p in prompts]
@@ -100,7 +101,7 @@ def test_shared_pool_preempts_newest_and_every_request_ends(tiny_model):
     seqs = together(sched, prompts, 40)
     assert [s.output for s in seqs] == alone and all(s.finish == "length" for s in seqs)
     assert sched.totals["preempted"] > 0
-    assert e.kv.used == sched.prefix.pages  # only the prefix cache holds pages now
+    assert e.kv.used == sched.prefix.pages + base  # only the prefix cache holds pages now
 
 
 def test_a_batch_of_mixed_samplers_gives_each_its_answer_alone(tiny_model):
@@ -137,3 +138,67 @@ def test_request_the_pool_cannot_hold_fails_instead_of_waiting_forever(tiny_mode
     run(keeper, list(range(1, 100)), n=1)                 # its prefix cache keeps these pages
     with pytest.raises(UserError, match="KV cache is full"):
         run(Scheduler(e, set(), 1, 64, prefix_cache=False), list(range(101, 200)), n=1)
+
+
+def test_decode_steps_run_one_ahead_and_end_where_they_should(tiny_model):
+    """A plainly greedy decode launches its next step before reading the last one's tokens; a
+    sequence that stops at an end token mid-way drops the step run ahead of it, keeps no page,
+    and its answer is the one without the end token, cut there."""
+    e = load(tiny_model("qwen3_moe")[2])
+    prompt = list(range(3, 40))
+    sched = Scheduler(e, set(), 2, 64)
+    full = run(sched, prompt, n=16).output
+    seq = Sequence(prompt, SamplingParams(max_tokens=4))
+    sched.add(seq)
+    ahead = 0
+    while not seq.finish:
+        sched.step()
+        ahead += sched._ahead is not None
+    assert ahead > 0 and seq.output == full[:4]
+    sampled, ahead = [], 0
+    for _ in range(2):  # a seeded sampler runs ahead too, its draws its own
+        sched = Scheduler(e, set(), 2, 64, prefix_cache=False)
+        seq = Sequence(prompt, SamplingParams(max_tokens=12, temperature=0.9, top_k=30, repetition_penalty=1.2, seed=5))
+        sched.add(seq)
+        while not seq.finish:
+            sched.step()
+            ahead += sched._ahead is not None
+        sampled.append(seq.output)
+    assert ahead > 0 and sampled[0] == sampled[1] != full[:12]
+    eos = full[6]
+    stop = run(Scheduler(e, {eos}, 2, 64), prompt, n=16)
+    assert stop.finish == "stop" and stop.output == full[:full.index(eos) + 1]
+    sched, held = Scheduler(e, {eos}, 2, 64, prefix_cache=False), e.kv.used  # the other schedulers' prefix trees
+    run(sched, prompt, n=16)
+    drained = 0
+    while sched.busy:
+        assert sched.step() == []  # the step run past the end: completed, nothing returned
+        drained += 1
+    assert drained == 1 and e.kv.used == held
+
+
+def test_abort_and_safe_point_while_a_step_runs_ahead(tiny_model):
+    """An abort while a step runs ahead drops that step's row; a safe point completes it first
+    and the next step() returns its tokens: nothing is lost or doubled."""
+    e = load(tiny_model("qwen3_moe")[2])
+    base = e.kv.used  # (on CUDA the decode graphs hold a scratch page)
+    prompts = [list(range(3, 30)), list(range(50, 71))]
+    alone = [run(Scheduler(e, set(), 1, 64, prefix_cache=False), p, n=12).output for p in prompts]
+    sched = Scheduler(e, set(), 2, 64, prefix_cache=False)
+    seqs = [Sequence(p, SamplingParams(max_tokens=12)) for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    got = {s.id: [] for s in seqs}
+    for i in range(40):
+        if not sched.busy:
+            break
+        if i == 6:
+            assert sched._ahead is not None
+            assert sched.safe_point(lambda: sched._ahead) is None  # completed before fn ran
+        if i == 9:
+            sched.abort(seqs[1])
+        for s, tok in sched.step():
+            got[s.id].append(tok)
+    assert got[seqs[0].id] == alone[0] and seqs[0].output == alone[0]
+    assert got[seqs[1].id] == seqs[1].output == alone[1][:len(seqs[1].output)] and seqs[1].finish == "abort"
+    assert e.kv.used == base

@@ -34,17 +34,20 @@ def test_tokens_and_logits_unchanged_while_pages_behind_the_window_go(tiny_model
     rows, held = [], []
     forward = e.forward
 
-    def recording(batch, pool):
-        out = forward(batch, pool)
+    def recording(batch, pool, **kw):
+        out = forward(batch, pool, **kw)
         rows.append((int(batch.positions[-1]), out[-1].clone()))  # (a graph's output is reused)
         return out
     e.forward = recording
     seq = Sequence(ids, SamplingParams(max_tokens=60))
     sched = Scheduler(e, set(), 1, e.prefill_chunk, prefix_cache=False)
     sched.add(seq)
+    ahead = 0
     while not seq.finish:
         sched.step()
         held.append(len(set(seq.sliding) - {sl.dummy}))
+        ahead += sched._ahead is not None  # decode steps launched before the last one's tokens were read
+    assert ahead > 50
     want = reference(ref, seq)
     assert rel_err(torch.stack([r for _, r in rows]), want[[p for p, _ in rows]]) < 1e-4
     # memory: after each step the sequence holds the window's pages (a page more at most), the
@@ -83,7 +86,7 @@ def test_kv_memory_saved_at_long_context(tiny_model):
     seq = Sequence(prompt(300, seed=6), SamplingParams(max_tokens=100))
     sched.add(seq)
     peak, forward = [], e.forward
-    e.forward = lambda batch, pool: peak.append(sl.used - 1) or forward(batch, pool)  # the dummy is the pool's
+    e.forward = lambda batch, pool, **kw: peak.append(sl.used - 1) or forward(batch, pool, **kw)  # the dummy is the pool's
     while not seq.finish:
         sched.step()
         if not seq.finish:

@@ -206,6 +206,25 @@ def _experts(fmt, S, H, I, group, symmetric, pooled, gen, dtype=torch.float16):
     return _qexperts(fmt, S, H, I, group, symmetric, dtype, pooled, gen)
 
 
+def test_gemm_tiles_built_on_the_device_match_the_host_list():
+    """The grouped GEMMs' tiles, built without a host sync, are the host's list (per slot in
+    order, at most block_m routes each, slot -1 skipped) followed by empty rows, within the bound
+    the shapes give."""
+    from kernels.moe_gemm_triton import _tiles
+    gen = torch.Generator().manual_seed(3)
+    for T, K, S, bm in ((24, 4, 5, 16), (7, 8, 40, 4), (50, 2, 3, 64), (1, 1, 1, 1)):
+        slots = torch.randint(-1, S, (T, K), generator=gen)
+        order, tiles = _tiles(slots, bm, S)
+        flat = slots.reshape(-1)
+        assert torch.equal(order, torch.argsort(flat, stable=True))
+        want, start = [], 0
+        for s, n in zip(*[t.tolist() for t in torch.unique_consecutive(flat[order], return_counts=True)]):
+            want += [[s, r, min(r + bm, start + n)] for r in range(start, start + n, bm)] if s >= 0 else []
+            start += n
+        assert len(tiles) == -(-T * K // bm) + min(S, T * K) >= len(want)
+        assert tiles[:len(want)].tolist() == want and not tiles[len(want):].any()
+
+
 @pytest.mark.parametrize("fmt,symmetric", QUANT + [("plain", True)])
 @pytest.mark.parametrize("xdt,blocks,pooled", [(torch.float32, (16, 16, 64, 32, 16), True),
                                                (torch.float16, (32, 32, 32, 16, 64), False)])

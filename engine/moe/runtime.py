@@ -4,6 +4,7 @@ device cache and the CPU routes from the host store concurrently, and merge exac
 fills and CPU jobs are timed by engine.moe.qstar, which keeps q* current."""
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import nullcontext
 
@@ -33,10 +34,11 @@ class ExpertRuntime:
         self.qstar = QStar(store, lambda: self.cpu)
         self._experts = ref.moe_experts
         self.device_ctl = None  # engine.moe.device_control.DeviceControl in graph mode
+        self._resident = None   # every expert's slot, during a prefill forward that finds all resident
         self.streamer = LayerStreamer(self, prefill_mode)
-        if cache.pool.is_cuda:  # decode-sized batches run the Triton GEMV kernel
-            from kernels.moe_triton import moe_experts_auto
-            self._experts = moe_experts_auto
+        if cache.pool.is_cuda:  # decode-sized batches run the Triton GEMV kernel; a layer step's
+            from kernels.moe_triton import moe_experts_auto  # routes meet at most E slots
+            self._experts = functools.partial(moe_experts_auto, experts=cache.n_experts)
 
     @property
     def cpu(self):
@@ -93,6 +95,12 @@ class ExpertRuntime:
         c = self.cache
         if self.device_ctl is not None and not prefill and ids.numel() <= self.device_ctl.route.numel():
             return self.device_ctl.forward(layer, x, ids, weights)
+        if prefill and layer == 0:  # a forward's first layer: is every expert resident (for all of it)?
+            self._resident = self._resident_slots()
+        if prefill and self._resident is not None:  # nothing to plan: no wait for the router
+            self._count_hits(ids)
+            c.stats.record(scan=ids.numel() > SHORT_ROUTES_PER_EXPERT * self.store.shard.n_experts)
+            return self.run_cached(x, self._resident[layer * c.n_experts + ids], weights).to(x.dtype)
         ids_h = ids.cpu()
         self.qstar.update()
         # A short chunk (an agent's follow-up) is treated like decode: the q* split, fills kept
@@ -118,6 +126,25 @@ class ExpertRuntime:
             if layer == len(self.store.banks) - 1 and st.active:
                 st.end()
         return out.to(x.dtype)
+
+    def _resident_slots(self) -> torch.Tensor | None:
+        """Every expert's cache slot [L*E] on the device when every expert is resident on one rank
+        (and prefill is not made to stream every layer), else None. Then no layer step misses, so
+        it stays so for the rest of the forward."""
+        c, n = self.cache, len(self.store.banks) * self.cache.n_experts
+        if self.store.shard.world > 1 or self.streamer.mode == "stream" or c.n_slots < n or c.tables.owned < n:
+            return None
+        slots = c.tables.slot_of
+        return slots if isinstance(slots, torch.Tensor) else torch.tensor(slots, device=c.pool.device)
+
+    def _count_hits(self, ids: torch.Tensor) -> None:
+        """A layer step's distinct experts as hits: on the device's counters in graph mode (no wait),
+        else here."""
+        n = (torch.bincount(ids.flatten(), minlength=self.cache.n_experts) > 0).sum()
+        if self.device_ctl is not None:
+            self.device_ctl.stats[0] += n
+        else:
+            self.cache.stats.record(hits=int(n))
 
     def _routed(self, layer: int, x: torch.Tensor, ids_h: torch.Tensor, weights: torch.Tensor, scan: bool):
         """Plan against the cache, fill the fetched misses, run the CPU misses concurrently, merge.
