@@ -130,17 +130,19 @@ def test_repetition_penalty_matches_transformers():
 
 def test_sampler_draws_from_transformers_warped_distribution():
     """Temperature, top-k and top-p as transformers' logits warpers apply them: over many draws a
-    row's tokens follow the softmax of the warped logits (none outside its kept set); rows with
-    different settings share a batch, and a row's draws depend on its own generator only."""
+    row's tokens follow the softmax of the warped logits (none outside its kept set, every tie of
+    the k-th logit in it); rows with different settings share a batch (one without top-k: the whole
+    row sorted; all with it: only their top logits), and a row's draws depend on its own generator."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     from engine.config import SamplingParams
     from engine.sampling import sample
     torch.manual_seed(1)
     V, n = 12, 20000
-    logits = torch.randn(3, V) * 2
+    logits = torch.randn(4, V) * 2
+    logits[3] = torch.tensor([2.0, 1.0, 0.5, 0.5, 0.5, -1.0, 0.0, -2.0, 0.25, -0.5, 0.3, -3.0])  # a tie at the 3rd
     params = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.3, top_p=0.8),
-              SamplingParams(temperature=1.0, top_k=6, top_p=0.6)]
+              SamplingParams(temperature=1.0, top_k=6, top_p=0.6), SamplingParams(temperature=1.0, top_k=3, top_p=0.95)]
     want = []
     for row, p in zip(logits, params):
         x = TemperatureLogitsWarper(p.temperature)(None, row[None].clone())
@@ -149,12 +151,17 @@ def test_sampler_draws_from_transformers_warped_distribution():
         if p.top_p < 1.0:
             x = TopPLogitsWarper(p.top_p)(None, x)
         want.append(x[0].softmax(-1))
-    gens = [torch.Generator().manual_seed(i) for i in range(3)]
-    draws = torch.stack([sample(logits, params, gens, [None] * 3) for _ in range(n)])  # [n, 3]
-    for j in range(3):
-        freq = torch.bincount(draws[:, j], minlength=V).float() / n
-        assert torch.all(freq[want[j] == 0] == 0), j
-        assert (freq - want[j]).abs().max() < 0.015, (j, freq, want[j])
+    assert (want[3] > 0).sum() == 5  # the tie kept whole
+    drawn = {}
+    for rows in ([0, 1, 2, 3], [0, 2, 3], [3]):  # the last: two of the tie beyond its top 3
+        gens = [torch.Generator().manual_seed(i) for i in rows]
+        draws = torch.stack([sample(logits[rows], [params[i] for i in rows], gens, [None] * len(rows))
+                             for _ in range(n)])
+        for j, i in enumerate(rows):
+            freq = torch.bincount(draws[:, j], minlength=V).float() / n
+            assert torch.all(freq[want[i] == 0] == 0), i
+            assert (freq - want[i]).abs().max() < 0.015, (i, freq, want[i])
+        drawn[len(rows)] = draws
     g = torch.Generator().manual_seed(1)
     alone = [sample(logits[1:2], params[1:2], [g], [None]) for _ in range(50)]
-    assert torch.cat(alone).tolist() == draws[:50, 1].tolist()
+    assert torch.cat(alone).tolist() == drawn[4][:50, 1].tolist()

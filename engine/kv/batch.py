@@ -45,8 +45,8 @@ class ForwardBatch:
             q_lens.append(n)
             ctx_lens.append(start + n)
 
-        def t(x, dt=torch.int64):
-            return torch.tensor(x, dtype=dt, device=device)
+        def t(x, dt=torch.int64):  # a copy that does not wait for the stream: a step may run ahead of this one
+            return torch.tensor(x, dtype=dt).to(device, non_blocking=True)
 
         def paged(page_lists):  # -> (page table, slot of each new token)
             table = np.zeros((len(page_lists), max(len(p) for p in page_lists)), np.int32)
@@ -54,7 +54,8 @@ class ForwardBatch:
                 row[:len(pages)] = pages
             at = [np.arange(start, start + len(new)) for new, start, _ in seqs]  # the new tokens' positions
             slots = np.concatenate([row[p // page_size] * page_size + p % page_size for row, p in zip(table, at)])
-            return torch.from_numpy(table).to(device), torch.from_numpy(slots.astype(np.int64)).to(device)
+            return torch.from_numpy(table).to(device, non_blocking=True), \
+                torch.from_numpy(slots.astype(np.int64)).to(device, non_blocking=True)
         table, slots = paged([p for _, _, p in seqs])
         sliding_table, sliding_slots = paged(sliding) if sliding is not None else (None, None)
         return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, torch.int32), table, slots, t(rows),

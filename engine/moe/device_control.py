@@ -69,7 +69,7 @@ class DeviceControl:
         policy, q_star = self.rt.policy, self.rt.qstar.value
         q = [policy.q(layer, False, q_star) for layer in range(self.q.numel())]
         if q != self.q_host:
-            self.q.copy_(torch.tensor(q, dtype=torch.float64))
+            self.q.copy_(torch.tensor(q, dtype=torch.float64), non_blocking=True)  # (no wait for a step run ahead)
             self.q_host = q
 
     def collect(self, stats, slot_bytes: int) -> None:
