@@ -44,6 +44,8 @@ def decode(model: Optional[str] = ModelArg,
            depth: str = typer.Option("32", help="comma list of context depths: prompt tokens before the timed decode, e.g. 1024,16384,32768,65536"),
            batch: str = typer.Option("1", help="comma list of streams decoded together (distinct prompts), e.g. 1,4,8"),
            contention: int = typer.Option(0, help="also measure with N processes streaming through host RAM"),
+           sampling: str = typer.Option("greedy", help="greedy, model (the checkpoint's generation_config.json) or "
+                                        "key=value pairs: temperature=0.7,top_k=20,top_p=0.8,repetition_penalty=1.05"),
            device: str = Device,
            graph: str = typer.Option("on", help="comma list of on | off: CUDA-graph decode rows, eager rows"),
            world_size: int = WorldSize,
@@ -63,6 +65,7 @@ def decode(model: Optional[str] = ModelArg,
     for spec in routing.split(","):
         check_routing(spec)
     depths, batches = _ints(depth, "--depth"), _ints(batch, "--batch")
+    sample = _sampling(sampling, synthetic)
     max_context, kv_tokens = context_for(depths, batches, tokens)
     threads = _ints(cpu_threads, "--cpu-threads") if cpu_threads else [None]
     cfg = engine_config(model, device, "auto", policies[0].replace("-fixed", ""), threads[0], max_context,
@@ -76,6 +79,9 @@ def decode(model: Optional[str] = ModelArg,
         raise UserError(f"--depth {max(depths)} needs {max_context} tokens of context with --tokens {tokens}, but the "
                         f"model holds {runner.max_context}; lower --depth")
     prof = _profile(runner, threads[0])
+    if sample is None:  # the model's own, as `run` and `serve` sample (none: greedy)
+        from engine.sampling import model_defaults
+        sample = model_defaults(runner.path)
     graphs = [{"on": None, "off": False}[g.strip()] for g in graph.split(",")]
     rows: list[dict] = []
     census = Census()
@@ -92,7 +98,7 @@ def decode(model: Optional[str] = ModelArg,
 
     for n in threads:
         run(runner, runner.runtime.store, replace(cfg, cpu_threads=n), budgets, policies, routing.split(","), graphs,
-            tokens, repeats, depths, batches, prof, contention, say=say)
+            tokens, repeats, depths, batches, prof, contention, say=say, sampling=sample)
     if as_json:
         typer.echo(json.dumps({"rows": rows, "profile": prof}))
     else:
@@ -301,6 +307,30 @@ def _ints(text: str, option: str) -> list[int]:
     return [int(p) for p in parts]
 
 
+def _sampling(spec: str, synthetic: Optional[str]) -> dict | None:
+    """--sampling as SamplingParams fields: {} greedy, None the checkpoint's own (read once it is
+    loaded), else its key=value pairs, checked."""
+    from engine.config import SamplingParams
+    from engine.errors import UserError
+    spec = spec.strip()
+    if spec == "model" and synthetic:
+        raise UserError("--sampling model reads a checkpoint's generation_config.json; a --synthetic shape has "
+                        "none: give the values, e.g. --sampling temperature=0.7,top_k=20,top_p=0.8")
+    if spec in ("greedy", "model"):
+        return {} if spec == "greedy" else None
+    kinds = {"temperature": float, "top_k": int, "top_p": float, "repetition_penalty": float}
+    out = {}
+    for part in spec.split(","):
+        key, _, value = (x.strip() for x in part.partition("="))
+        try:
+            out[key] = kinds[key](value)
+        except (KeyError, ValueError):
+            raise UserError(f"cannot read --sampling {part!r}; give greedy, model or pairs like "
+                            "temperature=0.7,top_k=20,top_p=0.8,repetition_penalty=1.05") from None
+    SamplingParams(**out)  # its ranges
+    return out
+
+
 def _load(cfg, model: Optional[str], synthetic: Optional[str], layers: Optional[int], quant: Optional[str]):
     """The runner to measure, with a progress bar while its experts load (or are built)."""
     from engine.convert import DEFAULT_GROUP
@@ -327,7 +357,8 @@ def _table(rows: list[dict], prof: dict, runner, cfg) -> None:
     world = runner.runtime.store.shard.world
     t = Table(title=f"decode: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, "
                     f"top-{runner.cfg.router.top_k}, expert {runner.runtime.store.layout.slot_bytes / mib:.1f} MiB"
-                    + (f", experts over {world} ranks (budget per rank; hit rate and traffic summed)" if world > 1 else ""))
+                    + (f", experts over {world} ranks (budget per rank; hit rate and traffic summed)" if world > 1 else "")
+                    + (f", sampling {rows[0]['sampling']}" if rows and rows[0]["sampling"] != "greedy" else ""))
     for col in ("graph", "routing", "budget GiB", "policy", "load", "threads", "depth", "batch", "tok/s", "tok/s/stream", "hit rate",
                 "fetched/tok", "CPU/tok", "PCIe MiB/tok", "CPU MiB/tok", "q*", "bound tok/s", "of bound"):
         t.add_column(col, justify="left" if col in ("routing", "policy", "load") else "right")

@@ -57,6 +57,23 @@ def test_depth_and_batch_rows(deep_hf):
     one_line_error(cli("bench", "decode", deep_hf, "--depth", 9000, "--device", "cpu"), "--depth")
 
 
+def test_sampled_rows(deep_hf, monkeypatch):
+    """--sampling draws every decoded token as asked (rows say how); a bad value is one line."""
+    import engine.scheduler
+    drawn, sample = [], engine.scheduler.sample
+    monkeypatch.setattr(engine.scheduler, "sample", lambda x, params, *a: drawn.extend(params) or sample(x, params, *a))
+    r = cli("bench", "decode", deep_hf, "--device", "cpu", "--depth", 40, "--tokens", 4, "--repeats", 1,
+            "--moe-policy", "fetch", "--sampling", "temperature=0.8,top_k=5,top_p=0.9", "--json")
+    assert r.exit_code == 0, r.output
+    [row] = json.loads(r.stdout)["rows"]
+    assert row["sampling"] == "temperature=0.8,top_k=5,top_p=0.9" and row["tok_s"] > 0
+    assert sum(p.temperature == 0.8 and p.top_k == 5 and p.top_p == 0.9 for p in drawn) >= 4  # the timed steps'
+    one_line_error(cli("bench", "decode", deep_hf, "--sampling", "temp=1", "--device", "cpu"), "--sampling")
+    one_line_error(cli("bench", "decode", deep_hf, "--sampling", "top_p=2", "--device", "cpu"), "top_p")
+    one_line_error(cli("bench", "decode", "--synthetic", "tiny", "--sampling", "model", "--device", "cpu"),
+                   "--sampling model")
+
+
 def test_startup_reports_the_phases(deep_hf, monkeypatch):
     import time
 

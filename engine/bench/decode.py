@@ -28,9 +28,11 @@ def bench_scheduler(runner: ModelRunner, streams: int = 1) -> Scheduler:
     return Scheduler(runner, set(), streams, runner.prefill_chunk)
 
 
-def decode_once(sched: Scheduler, prompts: list[list[int]], tokens: int, prof=None) -> tuple[float, CacheStats]:
+def decode_once(sched: Scheduler, prompts: list[list[int]], tokens: int, prof=None,
+                sampling: dict | None = None) -> tuple[float, CacheStats]:
     """Decode len(prompts) sequences together, one token each per step (the batched path of
-    `serve --max-running`), for `tokens` steps -> (seconds, cache counters of those steps). Only
+    `serve --max-running`), for `tokens` steps -> (seconds, cache counters of those steps),
+    greedily or with `sampling` (SamplingParams' temperature, top_k, top_p, ...). Only
     decode steps are timed: each prompt is prefilled alone first (into the prefix tree, so a
     repeat prefills only its last partial page), and every stream has its first token before the
     clock starts. A torch.profiler `prof` records the timed steps only."""
@@ -46,7 +48,7 @@ def decode_once(sched: Scheduler, prompts: list[list[int]], tokens: int, prof=No
         seq = Sequence(p, SamplingParams(max_tokens=1, ignore_eos=True))
         sched.add(seq)
         until(lambda: seq.finish)
-    seqs = [Sequence(p, SamplingParams(max_tokens=1 << 30, ignore_eos=True)) for p in prompts]
+    seqs = [Sequence(p, SamplingParams(max_tokens=1 << 30, ignore_eos=True, **(sampling or {}))) for p in prompts]
     for seq in seqs:
         sched.add(seq)
     until(lambda: all(seq.output for seq in seqs))
@@ -112,7 +114,7 @@ def random_prompt(runner: ModelRunner, n: int, stream: int = 0) -> list[int]:
 
 def measure_policy(runner: ModelRunner, store, config: EngineConfig, routing: str, sched: Scheduler,
                    prompts: list[list[int]], depths: list[int], batches: list[int], tokens: int, repeats: int,
-                   prof: dict, modes: list[bool]) -> list[dict]:
+                   prof: dict, modes: list[bool], sampling: dict | None = None) -> list[dict]:
     """A row per (depth, batch, q* mode) of one policy (mode True: q* re-estimated online, False:
     fixed at the profile's). A row of depth d and batch B decodes the first d tokens of the first
     B `prompts`. The rows share one runtime and take turns repeat by repeat, so a drift in the
@@ -125,7 +127,7 @@ def measure_policy(runner: ModelRunner, store, config: EngineConfig, routing: st
     def once(case: tuple[int, int, bool], n: int) -> tuple[float, CacheStats]:
         d, b, online = case
         on_ranks(runner, follow_q, online)
-        return decode_once(sched, [p[:d] for p in prompts[:b]], n)
+        return decode_once(sched, [p[:d] for p in prompts[:b]], n, sampling=sampling)
 
     for c in cases:
         once(c, min(tokens, 8))  # warm-up: kernels, graphs, cache contents, the prompts' prefill
@@ -204,9 +206,11 @@ def memory_hog(stop, ready, nbytes: int, parent: int) -> None:
 
 def run(runner: ModelRunner, store, base: EngineConfig, budgets: list[int | None], policies: list[str],
         routings: list[str], graphs: list[bool | None], tokens: int, repeats: int, depths: list[int],
-        batches: list[int], prof: dict, contention: int = 0, say=lambda row: None) -> list[dict]:
+        batches: list[int], prof: dict, contention: int = 0, say=lambda row: None,
+        sampling: dict | None = None) -> list[dict]:
     """One row per (load, graph, routing, budget, policy, depth, batch), all on the same runner and
-    prompts (stream i's prompt is the same at every depth, cut to it); say(row) as each is measured."""
+    prompts (stream i's prompt is the same at every depth, cut to it), each token greedy or drawn
+    by `sampling`; say(row) as each is measured."""
     prompts = [random_prompt(runner, max(depths), i) for i in range(max(batches))]
     sched = bench_scheduler(runner, max(batches))
     dense, hbm = dense_bytes(runner), hbm_gbps(runner)
@@ -225,9 +229,10 @@ def run(runner: ModelRunner, store, base: EngineConfig, budgets: list[int | None
                                                      for b in budgets for p in policy_modes(policies)):
             cfg = replace(base, expert_budget=budget, graph=graph, moe_policy=pol)
             for row in measure_policy(runner, store, cfg, routing, sched, prompts, depths, batches, tokens,
-                                      repeats, prof, modes):
+                                      repeats, prof, modes, sampling):
                 row["load"] = f"{contention} hog(s)" if load else "none"
                 row["routing"] = routing.split("/")[-1]
+                row["sampling"] = ",".join(f"{k}={v}" for k, v in (sampling or {}).items()) or "greedy"
                 row["budget_gib"] = runner.runtime.cache.n_slots * store.layout.slot_bytes / 2**30
                 row["slots"] = runner.runtime.cache.n_slots  # per rank
                 row["world_size"] = runner.runtime.store.shard.world
