@@ -202,3 +202,19 @@ def test_abort_and_safe_point_while_a_step_runs_ahead(tiny_model):
     assert got[seqs[0].id] == alone[0] and seqs[0].output == alone[0]
     assert got[seqs[1].id] == seqs[1].output == alone[1][:len(seqs[1].output)] and seqs[1].finish == "abort"
     assert e.kv.used == base
+
+
+def test_a_steps_inputs_reach_the_device_without_waiting_for_the_stream(monkeypatch):
+    """A blocking host-to-device copy waits for everything queued on the stream, so building the
+    step launched ahead would wait for the one before it: the batch's tensors and the sampler's
+    settings are copied with non_blocking=True (checked here by the calls, on any device)."""
+    from engine.config import SamplingParams
+    from engine.kv.batch import ForwardBatch
+    from engine.sampling import sample
+    calls, to = [], torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: calls.append(k.get("non_blocking")) or to(t, *a, **k))
+    ForwardBatch.build([([5, 6, 7], 0, [0]), ([8], 20, [1, 2])], 16, torch.device("cpu"), states=[0, 1],
+                       sliding=[[3], [4, 5]])
+    sample(torch.randn(2, 50), [SamplingParams(), SamplingParams(temperature=0.7, top_k=5)],
+           [None, torch.Generator().manual_seed(0)], [None, None])
+    assert len(calls) >= 8 and all(calls), calls
