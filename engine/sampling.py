@@ -46,7 +46,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.
     top_p = cfg[:, 1:2]
     keep = (vals >= thr) & ((above < top_p) | (above == 0) | (top_p >= 1))  # the smallest set reaching top_p
     cut = torch.where(keep, vals, float("inf")).amin(-1, keepdim=True)
-    half = torch.full((V,), 0.5, device=dev)  # (a greedy row's uniforms: its draw is not used)
+    half = None if all(hot) else torch.full((V,), 0.5, device=dev)  # (a greedy row's uniforms: unused)
     u = torch.stack([torch.rand(V, generator=g, device=dev) if h else half for g, h in zip(gens, hot)])
     pick = torch.where(x >= cut, x - (-u.log()).log(), float("-inf")).argmax(-1)
     return torch.where(cfg[:, 4] > 0, pick, out)

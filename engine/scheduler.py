@@ -222,12 +222,17 @@ class Scheduler:
             plan.append((prefill, min(prefill.pending, self.chunk)))
         return plan
 
+    def _wanted(self, seq: Sequence, n: int) -> tuple[int, int]:
+        """Pages (and sliding-window pages) that n more tokens of seq take beyond those it holds."""
+        end = seq.n_cached + n
+        sliding = self.sliding.wanted(seq.sliding, end) if self.sliding else 0
+        return -(-end // self.kv.page_size) - len(seq.pages), sliding
+
     def _reserve(self, seq: Sequence, n: int) -> bool:
         """Pages for n more tokens of seq, preempting newer sequences if needed; False if even
         that is not enough (seq is then preempted itself)."""
         end = seq.n_cached + n
-        need = -(-end // self.kv.page_size) - len(seq.pages)
-        sliding = self.sliding.wanted(seq.sliding, end) if self.sliding else 0
+        need, sliding = self._wanted(seq, n)
         while need > len(self.kv.free) or (self.sliding and sliding > len(self.sliding.free)):
             if self.prefix and self.prefix.make_room(need, sliding):
                 continue
@@ -360,9 +365,8 @@ class Scheduler:
         if any(s.finish or s.constraint or s.n_output < len(s.params.forced)
                or s.n_output + 1 >= s.params.max_tokens or len(s.tokens) + 1 >= self.max_context for s in seqs):
             return None
-        need = sum(-(-(s.n_cached + 1) // self.kv.page_size) - len(s.pages) for s in seqs)
-        if need > len(self.kv.free) or self.sliding and \
-                sum(self.sliding.wanted(s.sliding, s.n_cached + 1) for s in seqs) > len(self.sliding.free):
+        need, sliding = (sum(w) for w in zip(*(self._wanted(s, 1) for s in seqs)))
+        if need > len(self.kv.free) or self.sliding and sliding > len(self.sliding.free):
             return None
         for s in seqs:
             self._reserve(s, 1)  # fits: no preemption
