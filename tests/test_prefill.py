@@ -122,10 +122,19 @@ def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
     assert st.estimate() == pytest.approx(2e-3)
 
 
-def test_streaming_over_many_layers_with_a_partial_cache_matches_plain_prefill(tmp_path):
+def test_buffers_hold_a_layer_when_three_fit_else_an_even_share_of_it():
+    from engine.moe.prefill import group_size
+    assert [group_size(128, n) for n in (384, 383, 250, 192, 128, 96, 48, 47)] == [128, 64, 64, 64, 32, 32, 16, 0]
+    assert group_size(8, 24) == 8 and group_size(8, 12) == 4 and group_size(8, 6) == 2
+
+
+@pytest.mark.parametrize("layers_of_slots", [4, 1.5])
+def test_streaming_over_many_layers_with_a_partial_cache_matches_plain_prefill(tmp_path, layers_of_slots):
     """Seven layers, a cache of four layers' experts (every chunk reserves the two buffers from it,
-    so layers alternate between buffered with some experts resident and routed), a short request
-    between prompts: every prompt's logits, and a follow-up's, are plain prefill's."""
+    so layers alternate between buffered with some experts resident and routed), or of one and a
+    half layers' (each streamed layer runs in passes over groups of its experts, two buffers of
+    a group each), a short request between prompts: every prompt's logits, and a follow-up's, are
+    plain prefill's."""
     import tiny
 
     from engine.convert import convert
@@ -136,9 +145,18 @@ def test_streaming_over_many_layers_with_a_partial_cache_matches_plain_prefill(t
     g = torch.Generator().manual_seed(15)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (96, 160, 80)]
     for mode in ("adaptive", "stream"):
-        e = load(tmp_path / "ftw", prefill_mode=mode, moe_policy="fetch", expert_budget=32 * slot)
+        e = load(tmp_path / "ftw", prefill_mode=mode, moe_policy="fetch", expert_budget=int(8 * layers_of_slots) * slot)
+        passes, each = [], e.runtime.streamer.passes
+
+        def counted(layer):  # the passes of each streamed layer
+            passes.append(0)
+            for slots in each(layer):
+                passes[-1] += 1
+                yield slots
+        e.runtime.streamer.passes = counted
         e.runtime.qstar.start(1e6, 1.0)  # a fast link: adaptive streams whenever an expert misses
         for p in prompts:
             assert torch.equal(prefill_logits(e, p), prefill_logits(full, p)), (mode, len(p))
             greedy(e, p[:5], 2)
         assert e.runtime.cache.stats.stream_layers > 0 and e.runtime.streamer.slots is None
+        assert (e.runtime.streamer.G, max(passes)) == ((8, 1) if layers_of_slots == 4 else (4, 2))

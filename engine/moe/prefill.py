@@ -1,8 +1,11 @@
-"""Layer double buffering for long prefill chunks. For the length of a chunk, two layer buffers
-of E slots are taken from the coldest cache slots; while layer l computes, a copy stream loads
-layer l+1's experts that are not resident into the other buffer, and layer l+1 then reads every
-expert from there or from its cache slot. Layers computed this way never touch the cache tables,
-so the decode working set survives the prefill.
+"""Double buffering for long prefill chunks. For the length of a chunk, two buffers of G slots
+are taken from the coldest cache slots; while the experts of one buffer compute, a copy stream
+loads the next G experts that are not resident into the other. G is a whole layer's E experts
+when two layers' buffers and a routed layer step fit in the cache (3E slots); a smaller cache
+streams each layer in up to MAX_GROUPS groups of experts (3G slots), the layer's routes computed
+group by group and summed (every route on exactly one pass: the experts resident in the cache
+join the first). Layers computed this way never touch the cache tables, so the decode working
+set survives the prefill.
 
 Whether to stream the next layer follows the bandwidth model: streaming moves all m of its
 experts that are not resident, behind the compute, max(m * slot / B_P, c); fetching moves only
@@ -12,7 +15,7 @@ m' estimated from this layer's share of routed experts (mode "adaptive", which n
 estimate; without one it fetches). A long chunk routes to nearly every expert (m' ~ m), so its
 layers stream whenever any expert misses.
 c is timed on the compute stream (CUDA events; the host clock on the CPU) from one layer step's
-end to the next, less the layer's own transfers (its fills, or its wait for a streamed buffer),
+end to the next, less the layer's own transfers (its fills, or its waits for streamed buffers),
 so it is measured for every layer, streamed or not. A decision uses the newest completed
 measurement; the first layers of a chunk use the last chunk's, scaled by the chunk's tokens, and
 without any measurement a layer is fetched.
@@ -28,6 +31,13 @@ from contextlib import contextmanager
 import torch
 
 PREFILL_MODES = ("adaptive", "stream", "routed")
+MAX_GROUPS = 8  # passes a streamed layer may take: smaller groups cost more than they hide
+
+
+def group_size(experts: int, slots: int) -> int:
+    """Experts a buffer holds: the largest of experts / k (k = 1..MAX_GROUPS, rounded up) of
+    which three fit in `slots` (two buffers and room for a routed layer step); 0: none does."""
+    return next((g for g in (-(-experts // k) for k in range(1, MAX_GROUPS + 1)) if 3 * g <= slots), 0)
 
 
 class LayerStreamer:
@@ -37,8 +47,11 @@ class LayerStreamer:
         self.cuda = runtime.cache.pool.is_cuda
         self.copy_stream = torch.cuda.Stream() if self.cuda else None
         self.active = False                      # a long chunk is running
-        self.slots: list[int] | None = None      # the 2E reserved slots, taken at the first stream
-        self.ready: dict[int, tuple] = {}        # layer -> (slot ids [E] on the device, event)
+        self.G = 0                               # experts a buffer holds, set for each chunk
+        self.slots: list[int] | None = None      # the 2G reserved slots, taken at the first stream
+        self.ready: dict[int, list] = {}         # layer -> its passes: (slot ids [E] on the device, event, buffer)
+        self.queue: list[tuple] = []             # passes whose loads wait for their buffer's last reader
+        self.loaded = self.used = 0              # passes loaded, passes whose compute is queued
         self.tokens = 0                          # tokens of the running chunk
         self.compute, self.compute_tokens = 0.0, 0  # newest measured layer compute (s), its chunk's tokens
         self.start, self.waits, self.pending = None, [], []  # the open layer window, timed windows
@@ -47,10 +60,11 @@ class LayerStreamer:
     @property
     def usable(self) -> bool:
         """Two buffers plus room for one routed layer step must fit in the cache."""
-        return self.mode != "routed" and self.rt.cache.n_slots >= 3 * self.E
+        return self.mode != "routed" and group_size(self.E, self.rt.cache.n_slots) > 0
 
     def begin(self, tokens: int) -> None:
         self.active, self.ready, self.tokens, self.read = True, {}, tokens, [None, None]
+        self.G, self.queue, self.loaded, self.used = group_size(self.E, self.rt.cache.n_slots), [], 0, 0
         self.start, self.waits = self._mark(), []
 
     def end(self) -> None:
@@ -58,17 +72,24 @@ class LayerStreamer:
             if self.cuda:  # the buffers return to the cache once their last reads are done
                 torch.cuda.current_stream().synchronize()
             self.rt.cache.tables.release(self.slots)
-        self.active, self.slots, self.ready = False, None, {}
+        self.active, self.slots, self.ready, self.queue = False, None, {}, []
 
-    def take(self, layer: int) -> torch.Tensor | None:
-        """Slot ids [E] holding this layer's experts, if it was streamed."""
-        if layer not in self.ready:
-            return None
-        slots, event = self.ready.pop(layer)
-        if event is not None:
-            with self.transfer():
-                torch.cuda.current_stream().wait_event(event)
-        return slots
+    def passes(self, layer: int):
+        """Yield the slot ids [E] of each pass of a streamed layer (-1: an expert of another pass),
+        once its buffer is loaded; once the caller has queued the work that reads a buffer, the
+        next load into it is queued."""
+        for j in range(len(self.ready[layer])):
+            slots, event, buf = self.ready[layer][j]  # loaded: the passes before it are queued
+            if event is not None:
+                with self.transfer():
+                    torch.cuda.current_stream().wait_event(event)
+            yield slots
+            if self.cuda:
+                self.read[buf] = torch.cuda.Event()
+                self.read[buf].record()
+            self.used += 1
+            self._pump()
+        del self.ready[layer]
 
     def _mark(self):
         if self.cuda:
@@ -110,9 +131,6 @@ class LayerStreamer:
         start streaming `layer` if the bandwidth model says so; then open its compute window."""
         if not self.active:
             return
-        if self.cuda:  # the work so far includes layer-1's, the last reader of the other buffer
-            self.read[(layer - 1) % 2] = torch.cuda.Event()
-            self.read[(layer - 1) % 2].record()
         compute = self._measure()
         est = self.rt.qstar.estimator
         b_p = est.b_p if est else 0.0  # 0: no link estimate, fetch
@@ -130,28 +148,41 @@ class LayerStreamer:
         return m * (1 - routed / self.E)
 
     def _load(self, layer: int, held: torch.Tensor) -> None:
-        """Copy `layer`'s experts that are not resident (held: their cache slots, -1) into its
-        buffer; the layer's slot map points every other expert at its cache slot."""
-        c, bank = self.rt.cache, self.rt.store.banks[layer]
-        after = self.read[layer % 2]  # the buffer's last reader
+        """Queue the loads of `layer`'s experts that are not resident (held: their cache slots,
+        -1), G to a pass; the first pass also reads every resident expert from its cache slot."""
+        c = self.rt.cache
         if self.slots is None:  # the coldest slots: queued work may still read them, and their experts leave
-            self.slots, after = c.tables.reserve(2 * self.E), None
+            self.slots = c.tables.reserve(2 * self.G)
             held = torch.where(torch.isin(held, torch.tensor(self.slots)), -1, held)
-        half = torch.tensor(self.slots[(layer % 2) * self.E:(layer % 2 + 1) * self.E])
         fetch = (held < 0).nonzero().flatten().tolist()
-        event = None
-        if self.cuda:
-            if after is None:
-                self.copy_stream.wait_stream(torch.cuda.current_stream())
-            else:  # not the current layer's work, which reads the other buffer: the copies overlap it
-                self.copy_stream.wait_event(after)
-            with torch.cuda.stream(self.copy_stream):
-                for e in fetch:
-                    c.pool[int(half[e])].copy_(bank[e], non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-        else:
-            for e in fetch:
-                c.pool[int(half[e])].copy_(bank[e])
+        self.ready[layer] = [None] * max(1, -(-len(fetch) // self.G))
+        for j in range(len(self.ready[layer])):
+            self.queue.append((layer, j, fetch[j * self.G:(j + 1) * self.G],
+                               held.clone() if j == 0 else torch.full_like(held, -1)))
         c.stats.record(slot_bytes=self.rt.store.layout.slot_bytes, streamed=len(fetch))
-        self.ready[layer] = (torch.where(held >= 0, held, half).to(c.pool.device), event)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Start the queued loads whose buffer's last reader is queued (two passes ahead at most)."""
+        c, bank_of = self.rt.cache, self.rt.store.banks
+        while self.queue and self.loaded < self.used + 2:
+            layer, j, experts, slots = self.queue.pop(0)
+            buf, bank = self.loaded % 2, bank_of[layer]
+            self.loaded += 1
+            dest = self.slots[buf * self.G:buf * self.G + len(experts)]
+            event = None
+            if self.cuda:
+                if self.read[buf] is None:  # the buffer's first use: queued work may read its slots
+                    self.copy_stream.wait_stream(torch.cuda.current_stream())
+                else:  # not the work queued since, which reads the other buffer: the copies overlap it
+                    self.copy_stream.wait_event(self.read[buf])
+                with torch.cuda.stream(self.copy_stream):
+                    for s, e in zip(dest, experts):
+                        c.pool[s].copy_(bank[e], non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record()
+            else:
+                for s, e in zip(dest, experts):
+                    c.pool[s].copy_(bank[e])
+            slots[experts] = torch.tensor(dest, dtype=slots.dtype)
+            self.ready[layer][j] = (slots.to(c.pool.device), event, buf)

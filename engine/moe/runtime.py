@@ -115,10 +115,12 @@ class ExpertRuntime:
                 st.begin(x.shape[0])
         # a streamed layer plans nothing against the cache: what is next is read now, before its
         # wait for its buffer is queued (on the device tables that read waits for the queue)
-        ahead = self._ahead(layer) if scan and layer in st.ready else None
-        slots = st.take(layer) if scan else None
-        if slots is not None:
-            out = self.run_cached(x, torch.where(ids < 0, -1, slots[ids]), weights)
+        if scan and layer in st.ready:
+            ahead = self._ahead(layer)
+            out = None
+            for slots in st.passes(layer):  # the layer's buffered groups of experts, summed
+                y = self.run_cached(x, torch.where(ids < 0, -1, slots[ids]), weights)
+                out = y if out is None else out.add_(y)
         else:
             out, ahead = self._routed(layer, x, ids_h, weights, scan)
         if scan:
