@@ -203,8 +203,9 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     -1), last_use [S] and seen [L*E] (clock of last demand). Deduplicates the routed experts,
     classifies hits and misses, fetches F = split_fetch(M, q, a miss recurs) of the M misses (most recently
     demanded first, then most routed tokens) into the least recently used slots that no hit of
-    this step owns, and returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert
-    ids [F] within the layer, hits, misses). With cold, the fills enter as least recently used
+    this step owns and that are not reserved (last_use at its maximum: prefill buffers), and
+    returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert ids [F] within the
+    layer, hits, misses). With cold, the fills enter as least recently used
     (a long prefill scans through a few cold slots instead of evicting the decode working set).
     """
     mine = ids.reshape(-1) >= 0
@@ -216,7 +217,7 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     order = torch.argsort(-mcount, stable=True)
     order = order[torch.argsort(-seen[miss[order]], stable=True)]
     miss = miss[order]
-    protect = torch.zeros_like(last_use, dtype=torch.bool)
+    protect = last_use == torch.iinfo(last_use.dtype).max  # reserved (prefill buffers)
     protect[slots[hit]] = True
     recurring = any(recurs(int(t), clock, slot_of.numel() // n_experts) for t in seen[miss])
     f = min(split_fetch(miss.numel(), q, recurring), int((~protect).sum()))

@@ -175,12 +175,13 @@ def test_host_and_device_tables_share_one_interface():
 def test_host_tables_match_the_device_tables_through_buffers():
     """Mixed plans (cold or not) and prefill buffers reserved and released, then the experts
     adopted by smaller tables (an elastic resize) and more plans: the host tables decide exactly
-    as the device tables (the reference's plan) every time."""
+    as the device tables (the reference's plan) every time, and never fill a reserved slot (the
+    misses beyond the other slots stay on the CPU)."""
     from engine.moe.tables import DeviceTables, HostTables
     g = torch.Generator().manual_seed(5)
     L, E, S, K = 3, 8, 12, 3
     host, dev = HostTables(S, L * E, L), DeviceTables(S, L * E, E, torch.device("cpu"))
-    held = []
+    held, short = [], 0
     for step in range(400):
         if step == 300:  # resize: every buffer given back first, as the engine does at a safe point
             if held:
@@ -196,13 +197,18 @@ def test_host_tables_match_the_device_tables_through_buffers():
             cold = bool(torch.rand((), generator=g) < 0.5)
             a, b = host.plan(ids, layer * E, 1.0, cold), dev.plan(ids, layer * E, 1.0, cold)
             assert a[0].tolist() == b[0].tolist() and a[1:] == b[1:]
+            assert not set(a[1]) & set(held)  # misses that do not fit beside the buffers go to the CPU
+            assert len(a[1]) == min(a[4], len(host.owner_of) - len(held) - a[3])
+            short += len(a[1]) < a[4]
         elif not held:
-            held = host.reserve(2)
-            assert held == dev.reserve(2)
+            n = int(torch.randint(2, 9, (), generator=g))  # up to 8 of 12: a plan may not fit beside them
+            held = host.reserve(n)
+            assert held == dev.reserve(n)
         else:
             host.release(held), dev.release(held)
             held = []
         assert host.slot_of == dev.slot_of.tolist() and host.owner_of == dev.owner_of.tolist()
+    assert short > 10  # plans that did not fit beside the buffers
 
 
 def test_long_prefill_keeps_the_decode_working_set(tiny_model):

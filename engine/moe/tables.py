@@ -130,7 +130,7 @@ class HostTables:
         hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
         misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
         recurring = any(ref.recurs(self.seen[f], self.clock, self.n_layers) for f in misses)
-        n = min(ref.split_fetch(len(misses), q, recurring), len(self.owner_of) - len(hit_slots))
+        n = min(ref.split_fetch(len(misses), q, recurring), len(self.lru) - len(hit_slots))  # not the reserved
         victims = []
         for s in self.lru:
             if len(victims) == n:
