@@ -647,6 +647,17 @@ def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias, groups
         assert all(len(set((row // (E // n_group)).tolist())) <= topk_group for row in ids.cpu())
 
 
+
+@pytest.mark.gpu
+def test_uniform_routing_on_the_device_draws_k_distinct_experts_evenly():
+    """The bench's uniform routing in the router kernel: k distinct ids per token, every expert
+    about equally often."""
+    from engine.moe.replay import Uniform
+    ids = Uniform(64)(0, torch.zeros(4096, 8, dtype=torch.int64, device="cuda")).cpu()
+    assert ids.shape == (4096, 8) and all(len(set(r.tolist())) == 8 for r in ids)
+    counts = torch.bincount(ids.flatten(), minlength=64).float()
+    assert counts.min() > 0.8 * 512 and counts.max() < 1.2 * 512
+
 # ---------------------------------------------------------------- attention prologue
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm,partial", [(True, 1.0), (False, 1.0), (True, 0.5)])
