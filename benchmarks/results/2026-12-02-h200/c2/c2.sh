@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# call 2: main at the defaults: the quick profile's thread sweep, bench decode int8, fp8, mxfp4 at 1152 MiB with the
+# default threads, and the 16k prefill per format at 16 GiB (every expert resident: the floor)
+# and 1152 MiB for int8, fp8, mxfp4 (bf16, int4 in call 1); the step profile of int4 at 1152 MiB (8 threads).
+# needs, beside the tracked files: .probe/c2.sh .probe/ft.sh
+set -u
+out=$1; w=/tmp/c2; mkdir -p $w
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 FREETOKEN_CACHE=/tmp/ftcache
+pack() { tar czf $out/c2.tgz -C $w . ; }
+t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }; left() { echo $(( 570 - ($(date +%s) - t0) )); }
+cp $0 $w/; nproc > $w/machine.txt; nvidia-smi -L >> $w/machine.txt; python3 -c "import torch,triton;print(torch.__version__,triton.__version__)" >> $w/machine.txt
+ft="$PWD/.probe/ft.sh"; d=$PWD
+el executor; (PYTHONPATH=$d timeout -s ABRT 150 python3 -c "from kernels.cpu_executor import CPUExecutor; CPUExecutor(2).close()") > $w/build.txt 2>&1
+el profile; timeout -s ABRT 120 $ft $d profile --json > $w/profile.txt 2>&1; tail -c 300 $w/profile.txt; echo
+for q in int8 fp8 mxfp4; do
+  [ $(left) -gt 80 ] || break
+  qa=""; qa="--quant $q"
+  el decode $q; timeout -s ABRT 150 $ft $d bench decode --synthetic qwen3-30b-a3b --layers 8 $qa --expert-budget 1152MiB \
+    --moe-policy adaptive --routing uniform --batch 1,8 --depth 1024 --tokens 64 --repeats 3 \
+    --out $w/decode_$q.json > $w/decode_$q.txt 2>&1
+  grep "tok/s (" $w/decode_$q.txt; pack
+done
+for q in int8 fp8 mxfp4; do
+  for b in 16GiB 1152MiB; do
+    [ $(left) -gt 60 ] || break 2
+    qa=""; [ $q = bf16 ] || qa="--quant $q"
+    el prefill $q $b; timeout -s ABRT 120 $ft $d bench prefill --synthetic qwen3-30b-a3b --layers 8 $qa \
+      --expert-budget $b --lengths 16384 --follow-up 200 --mode adaptive --repeats 3 \
+      --out $w/prefill_${q}_$b.json > $w/prefill_${q}_$b.txt 2>&1
+    grep "│ adaptive" $w/prefill_${q}_$b.txt | cut -c2-120; pack
+  done
+done
+[ $(left) -gt 100 ] && { el step_profile; (cd $d && timeout -s ABRT 110 python3 -m engine.bench.step_profile uniform 8 1152MiB $w qwen3-30b-a3b cuda int4 1024 > $w/step_int4.txt 2>&1); grep "per token\|GPU busy" $w/step_int4.txt; pack; }
+el done
