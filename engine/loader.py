@@ -276,7 +276,7 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     runner.runtime = runtime
     if graph:
         from engine.moe.device_control import DeviceControl
-        runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k)
+        runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k, runner.kv.k.dtype)
         runtime.device_ctl.set_q()  # the capture's warm-up steps must follow the policy too
     clock.mark("experts")
     if runner.device.type == "cuda":

@@ -57,11 +57,11 @@ def _build() -> ctypes.CDLL:
     p, i = ctypes.c_void_p, ctypes.c_int
     m, a = ctypes.POINTER(_Mat), ctypes.POINTER(_ExpertAct)
     for fn, args, res in [("pool_create", [i, p, i], p), ("pool_destroy", [p], None),
-                          ("submit", [p, p, m, m, p, p, p] + [i] * 7 + [a], p),
+                          ("submit", [p, p, m, m, p, p, p] + [i] * 7 + [a, i], p),
                           ("wait", [p, ctypes.c_double], i), ("error", [p], ctypes.c_char_p),
                           ("free", [p], None), ("cpu_features", [], i),
                           ("seconds", [p], ctypes.c_double),
-                          ("poller_start", [p] * 7 + [m, m] + [i] * 6 + [a], p),
+                          ("poller_start", [p] * 7 + [m, m] + [i] * 6 + [a, i], p),
                           ("poller_stop", [p], None), ("poller_stats", [p, p], i),
                           ("poller_error", [p], ctypes.c_char_p)]:
         getattr(lib, "ftmoe_" + fn).argtypes, getattr(lib, "ftmoe_" + fn).restype = args, res
@@ -270,7 +270,9 @@ class CPUExecutor:
     def submit(self, x, w_gate_up, w_down, ids, weights, out, act: ExpertAct = SILU,
                bias: ExpertBias | None = None) -> CPUFuture:
         """Start out[T, H] = sum_k weights * FFN_ids(x); returns at once (see ref.moe_experts).
-        The banks are tensors [E, 2I, H] / [E, H, I] or QWeights of those shapes."""
+        The banks are tensors [E, 2I, H] / [E, H, I] or QWeights of those shapes. With bf16 x the
+        intermediate act(gate, up) is rounded to bf16 as the model's own dtype does (the reference
+        computes it in x's dtype); quantized banks are computed from their exact values either way."""
         _check(x, w_gate_up, w_down, ids, weights, out, bias)
         E = w_gate_up.shape[0]
         if self.backend == "torch":
@@ -291,7 +293,7 @@ class CPUExecutor:
         job = self._lib.ftmoe_submit(
             self._pool, xa.data_ptr(), _mat(w_gate_up, b_gu), _mat(w_down, b_d), ids.data_ptr(), weights.data_ptr(),
             out.data_ptr(), x.shape[0], x.shape[1], w_down.shape[2], E, ids.shape[1],
-            int(ids.dtype == torch.int64), self._mode(w_gate_up), _act(act))
+            int(ids.dtype == torch.int64), self._mode(w_gate_up), _act(act), int(x.dtype == torch.bfloat16))
         if not job:
             raise MemoryError("CPU expert executor: could not allocate the job's buffers")
         return CPUFuture(self._lib, job, (xa, w_gate_up, w_down, ids, weights, out, bias))
@@ -303,11 +305,13 @@ class CPUExecutor:
 
     def poller(self, flags: torch.Tensor, nfill: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor, out: torch.Tensor, gate_up: list, down: list, act: ExpertAct = SILU,
-               biases: list | None = None) -> "Poller":
+               biases: list | None = None, model_dtype: torch.dtype = torch.float32) -> "Poller":
         """Serve a CUDA graph's CPU branch: see cpu_moe.cpp's Poller. flags: int32 [go, done,
         fill]; nfill: int64 [1]; x [Tmax, H] (act_dtype), ids [Tmax, K] int64, weights [Tmax, K]
         fp32, out [Tmax, H] fp32, all in pinned memory; gate_up / down are the per-layer banks,
-        tensors [E, 2I, H] / [E, H, I] or QWeights; biases the per-layer ExpertBias, or None."""
+        tensors [E, 2I, H] / [E, H, I] or QWeights; biases the per-layer ExpertBias, or None;
+        model_dtype: the model's activations (bf16: the intermediate rounded to bf16, as submit
+        does for bf16 x)."""
         if self._pool is None:
             raise RuntimeError("the in-graph CPU branch needs the C++ executor")
         biases = biases or [None] * len(gate_up)
@@ -322,7 +326,7 @@ class CPUExecutor:
             self._pool, flags.data_ptr(), nfill.data_ptr(), x.data_ptr(), ids.data_ptr(), weights.data_ptr(),
             out.data_ptr(), mats(*(_mat(w, (b or none)[0]) for w, b in zip(gate_up, biases))),
             mats(*(_mat(w, (b or none)[1]) for w, b in zip(down, biases))), len(gate_up), x.shape[1],
-            down[0].shape[2], gate_up[0].shape[0], ids.shape[1], mode, _act(act))
+            down[0].shape[2], gate_up[0].shape[0], ids.shape[1], mode, _act(act), int(model_dtype == torch.bfloat16))
         return Poller(self._lib, handle, (flags, nfill, x, ids, weights, out, gate_up, down, biases))
 
     def run(self, x, w_gate_up, w_down, ids, weights, out, act: ExpertAct = SILU,

@@ -3,6 +3,7 @@ on expert banks laid out like the engine's host store: typed strided views into 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
@@ -427,6 +428,20 @@ def test_int4_and_mxfp4_through_bf16_dot_products(ex, x_dtype, fmt, group, symme
     out = torch.full((T, 192), float("nan"))
     ex.run(x, gu, down, ids, w, out)
     assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < 1e-5
+    if x_dtype == torch.bfloat16:  # a bf16 model's x, as the model hands it over: h rounded to bf16 too
+        ex.run(x.bfloat16(), gu, down, ids, w, out)
+        assert rel_err(out, experts_h_bf16(x, gu, down, ids, w)) < 1e-5
+        assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) > 1e-4  # it was rounded
+
+
+def experts_h_bf16(x, gu, down, ids, w):
+    """ref.moe_experts in fp32 on the exact dequantized weights, the intermediate rounded to bf16."""
+    out = torch.zeros(x.shape)
+    for (t, k), e in zip(itertools.product(range(ids.shape[0]), range(ids.shape[1])), ids.flatten().tolist()):
+        if e >= 0:
+            h = ref.act_and_mul(x[t:t + 1] @ ref.expert_weight(gu, e, torch.float32).t()).bfloat16().float()
+            out[t] += w[t, k] * (h @ ref.expert_weight(down, e, torch.float32).t())[0]
+    return out
 
 
 @pytest.mark.parametrize("backend", ["default", "avx512", "avx2_fma", "scalar"])

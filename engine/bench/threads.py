@@ -62,7 +62,7 @@ def poller_gbps(bench, seconds: float) -> float:
     x, ids, w, out = (torch.zeros(1, H, dtype=act), torch.zeros(1, 8, dtype=torch.int64),
                       torch.full((1, 8), 1 / 8), torch.zeros(1, H))
     x.copy_(bench.x)
-    poller = bench.cpu.poller(flags, nfill, x, ids, w, out, [gu], [down])
+    poller = bench.cpu.poller(flags, nfill, x, ids, w, out, [gu], [down], model_dtype=bench.x.dtype)
     n, i, t0 = gu.shape[0], 0, time.perf_counter()
     try:
         while time.perf_counter() - t0 < seconds:

@@ -19,9 +19,9 @@ from kernels import ref
 class DeviceControl:
     """Per-step buffers of the device-controlled MoE layer step, sized for T*K <= max_routes."""
 
-    def __init__(self, runtime, max_tokens: int, top_k: int):
+    def __init__(self, runtime, max_tokens: int, top_k: int, dtype: torch.dtype = torch.float32):
         rt, dev = runtime, runtime.cache.pool.device
-        self.rt, self.dev, self.cuda = rt, dev, dev.type == "cuda"
+        self.rt, self.dev, self.cuda, self.dtype = rt, dev, dev.type == "cuda", dtype  # dtype: the model's
         n_layers = len(rt.store.banks)
         n = max_tokens * top_k
         i64 = dict(dtype=torch.int64, device=dev)
@@ -53,7 +53,7 @@ class DeviceControl:
         self.fill_count = torch.zeros(1, dtype=torch.int32, device=self.dev)      # programs of a fill done
         self.poller = rt.cpu.poller(self.flags, self.nfill, self.x_h, self.ids_h, self.w_h, self.out_h,
                                     [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views],
-                                    rt.act, [expert_bias(v) for v in rt.store.views])
+                                    rt.act, [expert_bias(v) for v in rt.store.views], self.dtype)
         self.replayed = torch.cuda.Event(blocking=True)
 
     def wait(self) -> None:

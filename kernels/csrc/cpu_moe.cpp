@@ -46,7 +46,8 @@ enum Mode { DP_BF16 = 0, AVX2 = 1, SCALAR = 2, AVX512 = 3, AVX512_BF16Q = 4 };
 // How a kernel reads its activation rows (x, h) of n elements: fp32; bf16; BF16X2: each value v
 // as two bf16, hi = bf16(v) in the row's first n elements and lo = bf16(v - hi) in the next n,
 // hi + lo within 2**-18 of v (relative; 16 significant bits), and exactly v where v is a bf16.
-enum Act { A_F32 = 0, A_BF16 = 1, A_BF16X2 = 2 };
+// A_BF16X2_HI is how rows are written, not read: the A_BF16X2 layout of bf16(v), lo halves zero.
+enum Act { A_F32 = 0, A_BF16 = 1, A_BF16X2 = 2, A_BF16X2_HI = 3 };
 constexpr int R1 = 16;  // gate/up row pairs per phase-1 unit (128 KiB of bf16 weights at H=2048)
 constexpr int R2 = 16;  // down rows per phase-2 unit, over every expert of the job
 constexpr int RC = 8;   // routes per call of a row kernel
@@ -146,6 +147,7 @@ void put_act(char* row, int n, int p, float v, int act) {
   auto h = reinterpret_cast<uint16_t*>(row);
   if (act == A_F32) memcpy(row + size_t(p) * 4, &v, 4);
   else if (act == A_BF16) h[p] = f2bf(v);
+  else if (act == A_BF16X2_HI) h[p] = f2bf(v), h[n + p] = 0;
   else h[p] = f2bf(v), h[n + p] = f2bf(std::isinf(bf2f(h[p])) ? 0.f : v - bf2f(h[p]));
 }
 
@@ -509,6 +511,7 @@ struct Job {
   float* out = nullptr;         // [T, H]
   int T = 0, H = 0, I = 0, E = 0;
   size_t xsz = 0, hsz = 0;      // bytes per element of x (kgu.act) and of h (kd.act)
+  int hact = A_F32;             // how h is written: kd.act, or A_BF16X2_HI (below)
   std::vector<int64_t> eid;     // [G] expert of each group of routes
   std::vector<int> gstart;      // [G + 1] route range of each group, routes sorted by expert
   std::vector<int> tok;         // [R] token of each route
@@ -550,7 +553,7 @@ void unit1(Job& J, int u) {
       float bg = bgu ? bgu[j] : 0.f, bu = bgu ? bgu[J.I + j] : 0.f;
       for (int i = 0; i < n; ++i) {
         float v = J.act(a[i] + bg, b[i] + bu);
-        put_act(J.h.get() + size_t(r0 + i) * J.I * J.hsz, J.I, permute(j, J.I, J.kd.chunk), v, J.kd.act);
+        put_act(J.h.get() + size_t(r0 + i) * J.I * J.hsz, J.I, permute(j, J.I, J.kd.chunk), v, J.hact);
       }
     }
 }
@@ -691,19 +694,21 @@ void* ftmoe_pool_create(int threads, const int* cpus, int spin_us) { return new 
 void ftmoe_pool_destroy(void* pool) { delete static_cast<Pool*>(pool); }
 
 // gu, dn: the banks (see Mat); ids [T, K] int32/int64 (-1 = skip), rw [T, K] fp32, out [T, H]
-// fp32; all contiguous; act: the gated activation. Returns the job, or null when it could not be
+// fp32; all contiguous; act: the gated activation; hbf16: the model computes in bf16, so a path
+// that reads h in two bf16 halves may round it to one, as the model does (where x is bf16 too:
+// half the down's dot products). Returns the job, or null when it could not be
 // set up (out of memory, or a format the mode has no kernel for): no C++ exception may cross into
 // ctypes.
 void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, const void* ids,
                    const float* rw, float* out, int T, int H, int I, int E, int K, int ids64, int mode,
-                   const ExpertAct* act) {
+                   const ExpertAct* act, int hbf16) {
   try {
     auto J = std::make_unique<Job>();
     J->x = static_cast<const char*>(x), J->gu = *gu, J->d = *dn, J->out = out, J->act = *act;
     J->T = T, J->H = H, J->I = I, J->E = E;
     J->kgu = kernel(mode, *gu), J->kd = kernel(mode, *dn);
     if (!J->kgu.fn || !J->kd.fn) return nullptr;
-    J->xsz = act_bytes(J->kgu.act), J->hsz = act_bytes(J->kd.act);
+    J->xsz = act_bytes(J->kgu.act), J->hsz = act_bytes(J->kd.act), J->hact = J->kd.act;
     if (J->kgu.chunk) {  // fp32 x (the chunked kernels are quantized ones)
       J->xp.reset(new char[size_t(T) * H * J->xsz]);
       for (int t = 0; t < T; ++t)
@@ -718,6 +723,7 @@ void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, cons
           exact = std::all_of(xh + (2 * t + 1) * size_t(H), xh + (2 * t + 2) * size_t(H),
                               [](uint16_t v) { return v == 0; });
         if (exact) J->kgu.fn = J->kgu.hi_only;
+        if (exact && hbf16 && J->kd.hi_only) J->kd.fn = J->kd.hi_only, J->hact = A_BF16X2_HI;
       }
     }
     std::vector<std::pair<int64_t, int>> rs;  // (expert, route index); sorting groups by expert
@@ -779,7 +785,7 @@ struct Poller {
   float* out = nullptr;
   std::vector<Mat> gu, dn;  // per MoE layer banks
   ExpertAct act{1.f, INFINITY, 0.f};
-  int H = 0, I = 0, E = 0, K = 0, mode = 0;
+  int H = 0, I = 0, E = 0, K = 0, mode = 0, hbf16 = 0;
   std::atomic<bool> stop{false};
   std::atomic<int64_t> jobs{0}, experts{0}, nanos{0}, fills{0}, fill_nanos{0};
   bool fill_seen = false;
@@ -802,7 +808,7 @@ struct Poller {
     }
     auto t0 = std::chrono::steady_clock::now();
     auto* J = static_cast<Job*>(ftmoe_submit(pool, x, &gu[layer], &dn[layer], ids, rw, out, T, H, I,
-                                             E, K, 1, mode, &act));
+                                             E, K, 1, mode, &act, hbf16));
     if (!J) return fail("could not allocate a CPU branch job", T);
     // This thread computes units of its job beside the workers instead of spinning while they
     // do (one busy thread less than cores in use), watching for the fill flag between units.
@@ -847,14 +853,14 @@ struct Poller {
 // flags: uint32 [go, done, fill]; nfill: one int64; gu, dn: L banks each, one per MoE layer.
 void* ftmoe_poller_start(void* pool, void* flags, const void* nfill, const void* x, const void* ids,
                          const float* rw, float* out, const Mat* gu, const Mat* dn, int L,
-                         int H, int I, int E, int K, int mode, const ExpertAct* act) {
+                         int H, int I, int E, int K, int mode, const ExpertAct* act, int hbf16) {
   try {
     auto* P = new Poller();
     auto* f = static_cast<uint32_t*>(flags);
     P->pool = pool, P->go = f, P->done = f + 1, P->fill = f + 2;
     P->nfill = static_cast<const int64_t*>(nfill);
     P->x = x, P->ids = ids, P->rw = rw, P->out = out, P->gu.assign(gu, gu + L), P->dn.assign(dn, dn + L);
-    P->H = H, P->I = I, P->E = E, P->K = K, P->mode = mode, P->act = *act;
+    P->H = H, P->I = I, P->E = E, P->K = K, P->mode = mode, P->act = *act, P->hbf16 = hbf16;
     P->th = std::thread(&Poller::loop, P);
     return P;
   } catch (...) {
