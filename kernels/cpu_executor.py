@@ -270,9 +270,10 @@ class CPUExecutor:
     def submit(self, x, w_gate_up, w_down, ids, weights, out, act: ExpertAct = SILU,
                bias: ExpertBias | None = None) -> CPUFuture:
         """Start out[T, H] = sum_k weights * FFN_ids(x); returns at once (see ref.moe_experts).
-        The banks are tensors [E, 2I, H] / [E, H, I] or QWeights of those shapes. With bf16 x the
-        intermediate act(gate, up) is rounded to bf16 as the model's own dtype does (the reference
-        computes it in x's dtype); quantized banks are computed from their exact values either way."""
+        The banks are tensors [E, 2I, H] / [E, H, I] or QWeights of those shapes. With bf16 x, the
+        paths that read bf16 activations (bf16 banks; int4 and mxfp4 on the BF16 dot products)
+        round the intermediate act(gate, up) to bf16, as the model's own dtype does (the reference
+        computes it in x's dtype); quantized weights enter at their exact values either way."""
         _check(x, w_gate_up, w_down, ids, weights, out, bias)
         E = w_gate_up.shape[0]
         if self.backend == "torch":
