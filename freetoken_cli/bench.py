@@ -111,7 +111,8 @@ def prefill(model: Optional[str] = ModelArg,
             synthetic: Optional[str] = Synthetic,
             layers: Optional[int] = Layers,
             quant: Optional[str] = Quant,
-            expert_budget: str = typer.Option("auto", help="device memory for the expert cache, e.g. 8GiB"),
+            expert_budget: str = typer.Option("auto", help="expert cache size(s), comma list: 1152MiB,16GiB (a budget "
+                                               "holding every expert gives the others' 'of all resident')"),
             cpu_threads: Optional[int] = Threads,
             mode: str = typer.Option("stream,routed,adaptive", help="comma list of prefill modes"),
             lengths: str = typer.Option("1024,4096,16384", help="comma list of cold prompt lengths"),
@@ -131,11 +132,13 @@ def prefill(model: Optional[str] = ModelArg,
     if bad := [m for m in modes if m not in PREFILL_MODES]:
         raise UserError(f"unknown --mode {bad[0]!r}; choose from {', '.join(PREFILL_MODES)}")
     sizes = _ints(lengths, "--lengths")
-    cfg = engine_config(model, device, expert_budget, "adaptive", cpu_threads, max(sizes) + follow_up + 16,
-                        prefill_chunk=prefill_chunk)
+    from engine.config import parse_size
+    budgets = [parse_size(b.strip()) for b in expert_budget.split(",")]
+    cfg = replace(engine_config(model, device, "auto", "adaptive", cpu_threads, max(sizes) + follow_up + 16,
+                                prefill_chunk=prefill_chunk), expert_budget=budgets[0])
     runner = _load(cfg, model, synthetic, layers, quant)
     prof = _profile(runner, cpu_threads)
-    rows = run(runner, cfg, modes, sizes, follow_up, prof, repeats)
+    rows = run(runner, cfg, modes, sizes, follow_up, prof, repeats, budgets)
     if out:
         out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))
     if as_json:
@@ -144,15 +147,16 @@ def prefill(model: Optional[str] = ModelArg,
     from rich.console import Console
     from rich.table import Table
     t = Table(title=f"prefill: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, chunk {runner.prefill_chunk}")
-    for col in ("mode", "prompt", "tokens", "TTFT s", f"min-max of {repeats}", "streaming bound s", "TTFT / bound",
-                "layers streamed", "moved GiB", "CPU GiB"):
+    for col in ("budget GiB", "mode", "prompt", "tokens", "TTFT s", f"min-max of {repeats}", "streaming bound s",
+                "TTFT / bound", "of all resident", "layers streamed", "moved GiB", "CPU GiB"):
         t.add_column(col, justify="left" if col in ("mode", "prompt") else "right")
     for r in rows:
-        t.add_row(r["mode"], r["prompt"], str(r["tokens"]), f"{r['ttft_s']:.3f}",
-                  f"{min(r['ttft_runs']):.3f}-{max(r['ttft_runs']):.3f}", f"{r['bound_s']:.3f}",
-                  f"{r['ttft_s'] / r['bound_s']:.2f}", str(r["streamed_layers"]), f"{r['moved_gib']:.2f}",
-                  f"{r['cpu_gib']:.2f}")
-    Console(width=max(150, Console().width)).print(t)
+        t.add_row(f"{r['budget_gib']:.2f}" + (" (all)" if r["all_resident"] else ""), r["mode"], r["prompt"],
+                  str(r["tokens"]), f"{r['ttft_s']:.3f}", f"{min(r['ttft_runs']):.3f}-{max(r['ttft_runs']):.3f}",
+                  f"{r['bound_s']:.3f}", f"{r['ttft_s'] / r['bound_s']:.2f}",
+                  "-" if r["of_floor"] is None else f"{r['of_floor']:.2f}x", str(r["streamed_layers"]),
+                  f"{r['moved_gib']:.2f}", f"{r['cpu_gib']:.2f}")
+    Console(width=max(175, Console().width)).print(t)
 
 
 def process_start() -> float:

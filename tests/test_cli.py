@@ -290,9 +290,19 @@ def test_bench_prefill_rows(tiny_hf):
         assert x["ttft_s"] > 0 and x["bound_s"] > 0 and x["chunk"] == 64
         assert len(x["ttft_runs"]) == 2 and x["cpu_gib"] >= 0 and x["ttft_s"] == sum(x["ttft_runs"]) / 2  # the median of two
         assert (x["streamed_layers"] > 0) == (x["mode"] == "stream" and x["prompt"] == "cold")
+    r = cli("bench", "prefill", tiny_hf, "--device", "cpu", "--lengths", 96, "--follow-up", 12, "--mode", "routed,adaptive",
+            "--repeats", 1, "--expert-budget", "200KiB,1GiB", "--json")  # a partial cache, then every expert: the floor
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert [(x["all_resident"], x["mode"]) for x in rows] == [(a, m) for a in (False, True) for m in ("routed", "adaptive")
+                                                              for _ in range(2)]
+    assert rows[0]["budget_gib"] < rows[-1]["budget_gib"] and all(x["of_floor"] == 1 for x in rows[4:])
+    assert [x["of_floor"] for x in rows[:4]] == [x["ttft_s"] / y["ttft_s"] for x, y in zip(rows[:4], rows[4:])]
     r = cli("bench", "prefill", tiny_hf, "--device", "cpu", "--lengths", 64, "--follow-up", 0, "--mode", "routed", "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["rows"][0]["chunk"] == 256  # by default the engine's own (its floor, for an 80-token context)
+    [row] = json.loads(r.stdout)["rows"]
+    assert row["chunk"] == 256  # by default the engine's own (its floor, for an 80-token context)
+    assert row["all_resident"] and row["of_floor"] == 1  # the default budget holds the tiny model's experts
     one_line_error(cli("bench", "prefill", tiny_hf, "--mode", "teleport"), "teleport")
 
 
