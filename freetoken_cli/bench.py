@@ -56,12 +56,11 @@ def decode(model: Optional[str] = ModelArg,
     from engine.bench.decode import context_for, run
     from engine.bench.threads import Census
     from engine.config import parse_policy
-    from engine.config import parse_size
     policies = [p.strip() for p in moe_policy.split(",") if p.strip()]
     for p in policies:
         p == "adaptive-fixed" or parse_policy(p)
     from engine.moe.replay import check_routing
-    budgets = [parse_size(b.strip()) for b in expert_budget.split(",")]
+    budgets = _sizes(expert_budget)
     for spec in routing.split(","):
         check_routing(spec)
     depths, batches = _ints(depth, "--depth"), _ints(batch, "--batch")
@@ -132,8 +131,7 @@ def prefill(model: Optional[str] = ModelArg,
     if bad := [m for m in modes if m not in PREFILL_MODES]:
         raise UserError(f"unknown --mode {bad[0]!r}; choose from {', '.join(PREFILL_MODES)}")
     sizes = _ints(lengths, "--lengths")
-    from engine.config import parse_size
-    budgets = [parse_size(b.strip()) for b in expert_budget.split(",")]
+    budgets = _sizes(expert_budget)
     cfg = replace(engine_config(model, device, "auto", "adaptive", cpu_threads, max(sizes) + follow_up + 16,
                                 prefill_chunk=prefill_chunk), expert_budget=budgets[0])
     runner = _load(cfg, model, synthetic, layers, quant)
@@ -309,6 +307,12 @@ def _ints(text: str, option: str) -> list[int]:
     if not all(p.isdigit() and int(p) > 0 for p in parts):
         raise UserError(f"cannot read {option} {text!r}; give a comma list of positive numbers like 1,4,8")
     return [int(p) for p in parts]
+
+
+def _sizes(text: str) -> list[int | None]:
+    """--expert-budget '1152MiB,16GiB,auto' -> bytes (None: auto), each checked."""
+    from engine.config import parse_size
+    return [parse_size(b.strip()) for b in text.split(",")]
 
 
 def _sampling(spec: str, synthetic: Optional[str]) -> dict | None:
