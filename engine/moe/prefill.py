@@ -13,7 +13,9 @@ those of them that the layer routes to, in the foreground, m' * slot / B_P + c. 
 experts streamed in vain hide behind the compute of one layer, (m - m') * slot / B_P <= c, with
 m' estimated from this layer's share of routed experts (mode "adaptive", which needs a B_P
 estimate; without one it fetches). A long chunk routes to nearly every expert (m' ~ m), so its
-layers stream whenever any expert misses.
+layers stream whenever any expert misses. A chunk's first layer decides on its own routes, before
+its step: streamed, it holds the buffers from the chunk's start, so the second layer's loads run
+behind the first layer's compute instead of after it.
 c is timed on the compute stream (CUDA events; the host clock on the CPU) from one layer step's
 end to the next, less the layer's own transfers (its fills, or its waits for streamed buffers),
 so it is measured for every layer, streamed or not. A decision uses the newest completed
@@ -62,10 +64,15 @@ class LayerStreamer:
         """Two buffers plus room for one routed layer step must fit in the cache."""
         return self.mode != "routed" and group_size(self.E, self.rt.cache.n_slots) > 0
 
-    def begin(self, tokens: int) -> None:
-        self.active, self.ready, self.tokens, self.read = True, {}, tokens, [None, None]
+    def begin(self, ids: torch.Tensor) -> None:
+        """A long chunk starts, at its first layer, routed like ids [T, K] (on the host): that
+        layer streams too where the rule below says so, so that the next layer's loads run
+        behind its compute instead of waiting for it."""
+        self.active, self.ready, self.tokens, self.read = True, {}, ids.shape[0], [None, None]
         self.G, self.queue, self.loaded, self.used = group_size(self.E, self.rt.cache.n_slots), [], 0, 0
         self.start, self.waits = self._mark(), []
+        if self.rt.policy.cacheable(0):
+            self._decide(0, ids, self.rt.cache.tables.resident(0, self.E), self.estimate())
 
     def end(self) -> None:
         if self.slots is not None:
@@ -132,14 +139,19 @@ class LayerStreamer:
         if not self.active:
             return
         compute = self._measure()
+        if held is not None:
+            self._decide(layer, ids, held, compute)
+        self.start = self._mark()
+
+    def _decide(self, layer: int, ids: torch.Tensor, held: torch.Tensor, compute: float) -> None:
+        """Stream `layer` (held: its experts' cache slots, -1 not resident) if the experts it
+        would move in vain, for routes like ids, take no longer on the link than `compute`."""
         est = self.rt.qstar.estimator
         b_p = est.b_p if est else 0.0  # 0: no link estimate, fetch
-        if held is not None:
-            m = int((held < 0).sum())
-            if self.mode == "stream" or (m > 0 and b_p > 0 and self._in_vain(m, ids) * self.rt.store.layout.slot_bytes
-                                         / b_p <= compute):
-                self._load(layer, held)
-        self.start = self._mark()
+        m = int((held < 0).sum())
+        if self.mode == "stream" or (m > 0 and b_p > 0 and self._in_vain(m, ids) * self.rt.store.layout.slot_bytes
+                                     / b_p <= compute):
+            self._load(layer, held)
 
     def _in_vain(self, m: int, ids: torch.Tensor) -> float:
         """Of m experts not resident, how many a layer routed like ids would not use."""

@@ -112,7 +112,7 @@ class ExpertRuntime:
         if scan:
             c.stats.record(scan=True)
             if layer == 0 and st.usable:
-                st.begin(x.shape[0])
+                st.begin(ids_h)
         # a streamed layer plans nothing against the cache: what is next is read now, before its
         # wait for its buffer is queued (on the device tables that read waits for the queue)
         if scan and layer in st.ready:
