@@ -141,8 +141,10 @@ class ExpertRuntime:
 
     def _count_hits(self, ids: torch.Tensor) -> None:
         """A layer step's distinct experts as hits: on the device's counters in graph mode (no wait),
-        else here."""
-        n = (torch.bincount(ids.flatten(), minlength=self.cache.n_experts) > 0).sum()
+        else here. (Not torch.bincount: it waits for the device to size its output, every layer.)"""
+        seen = torch.zeros(self.cache.n_experts, dtype=torch.int64, device=ids.device)
+        seen[ids.flatten()] = 1
+        n = seen.sum()
         if self.device_ctl is not None:
             self.device_ctl.stats[0] += n
         else:
