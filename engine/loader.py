@@ -304,10 +304,14 @@ def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
     return GiB + (kv.bytes + (kv.sliding.bytes if kv.sliding else 0)) // 8 + room
 
 
+WARM_PROMPT_TOKENS = 512  # the length of a first prompt (`bench startup` times 500 tokens)
+
+
 def warm_prefill(runner: ModelRunner) -> None:
-    """One short prefill on dummy tokens, so that the first request does not pay the first use
+    """Two short prefills on dummy tokens, so that the first request does not pay the first use
     of the prefill path (its cuBLAS shapes, lazily loaded kernels, the eager plan's and experts'
-    torch ops, the samplers' kernels): long enough to scan like a long prompt, its KV written to
+    torch ops, the samplers' kernels): one just long enough to scan like a long prompt, one of a
+    first prompt's length (the GEMMs' and kernels' choices for its size), their KV written to
     one scratch page (the sliding layers' to their pool's dummy page, and a hybrid model's
     recurrent state to a scratch slot), the model's own routing (a replayed trace keeps its
     place). The expert cache's counters and the streamer's compute estimate are reset after it;
@@ -316,20 +320,22 @@ def warm_prefill(runner: ModelRunner) -> None:
     from engine.moe.prefill import LayerStreamer
     from engine.moe.runtime import SHORT_ROUTES_PER_EXPERT
     cfg, kv, rt, states = runner.cfg, runner.kv, runner.runtime, runner.states
-    T = SHORT_ROUTES_PER_EXPERT * cfg.num_experts // cfg.router.top_k + 1
+    scan = SHORT_ROUTES_PER_EXPERT * cfg.num_experts // cfg.router.top_k + 1
     page, ps = kv.alloc(1)[0], kv.page_size
     slot = states.alloc() if states else None
     t = dict(device=runner.device)
 
-    def in_page(p: int):  # (page table, slots) of the T tokens, all in page p
-        return torch.full((1, -(-T // ps)), p, dtype=torch.int32, **t), p * ps + torch.arange(T, **t) % ps
-    batch = ForwardBatch(torch.zeros(T, dtype=torch.int64, **t), torch.arange(T, **t), [T], [T],
-                         torch.tensor([T], dtype=torch.int32, **t), *in_page(page), torch.tensor([T - 1], **t),
-                         None if slot is None else torch.tensor([slot], **t), (),
-                         *(in_page(kv.sliding.dummy) if kv.sliding else (None, None)))
+    def batch(T: int) -> ForwardBatch:
+        def in_page(p: int):  # (page table, slots) of the T tokens, all in page p
+            return torch.full((1, -(-T // ps)), p, dtype=torch.int32, **t), p * ps + torch.arange(T, **t) % ps
+        return ForwardBatch(torch.zeros(T, dtype=torch.int64, **t), torch.arange(T, **t), [T], [T],
+                            torch.tensor([T], dtype=torch.int32, **t), *in_page(page), torch.tensor([T - 1], **t),
+                            None if slot is None else torch.tensor([slot], **t), (),
+                            *(in_page(kv.sliding.dummy) if kv.sliding else (None, None)))
     routing, rt.routing = rt.routing, None
     try:
-        logits = runner.model(batch, kv)[-1:].float()
+        for T in sorted({min(n, runner.max_context) for n in (scan, WARM_PROMPT_TOKENS)}):
+            logits = runner.model(batch(T), kv)[-1:].float()
         for p in (SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, top_k=20)):  # greedy, sampled
             sample(logits, [p], [generator(p, logits.device)], [None])
         if kv.k.is_cuda:
