@@ -304,7 +304,7 @@ def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
     return GiB + (kv.bytes + (kv.sliding.bytes if kv.sliding else 0)) // 8 + room
 
 
-WARM_PROMPT_TOKENS = 512  # the length of a first prompt (`bench startup` times 500 tokens)
+WARM_PROMPT_TOKENS = 512  # a first prompt's size, for the GEMMs' and kernels' choices by row count
 
 
 def warm_prefill(runner: ModelRunner) -> None:

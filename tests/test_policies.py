@@ -241,3 +241,6 @@ def test_decode_bound_splits_the_misses_ideally():
     # a step of B streams reads the dense weights once: with nothing else, B times the tokens
     one, four = ({"bytes_filled": 0, "bytes_cpu": 0, "hit_bytes": 0, "kv_bytes": 0, "batch": b} for b in (1, 4))
     assert bound(four, prof, 1e9, hbm) == pytest.approx(4 * bound(one, prof, 1e9, hbm), rel=1e-6)
+    # a side whose own steps ran faster than the profile says is bounded at that rate
+    faster = dict(even, b_p_online_gbps=60.0, b_h_online_gbps=50.0)
+    assert bound(faster, prof, 0, hbm) == pytest.approx(12.0, rel=1e-6)       # 10 GB at 60 + 60 GB/s

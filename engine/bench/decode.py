@@ -177,14 +177,17 @@ def bound(row: dict, prof: dict, dense: int, hbm: float, world: int = 1) -> floa
     """Upper bound on tok/s for this row's per-token misses, over a decode step of its `batch`
     streams: when both sides work, the step's missed bytes split ideally between the link and the
     CPU at their concurrent bandwidths (whatever split the policy chose); when one side works,
-    that side at its solo bandwidth. Plus the GPU's own bytes at HBM speed: the dense weights once
+    that side at its solo bandwidth; either side at least at the rate the row's own steps reached
+    (b_p_online_gbps, b_h_online_gbps: a quick profile can come out below it, and a bound the row
+    beats bounds nothing). Plus the GPU's own bytes at HBM speed: the dense weights once
     per step; per token its hit and filled experts and its KV. With `world` ranks on one host,
     each has its own link and HBM (the experts' bytes split over them; dense weights and KV are
     every rank's), and they share one socket's B_H."""
     B = row["batch"]
     both = row["bytes_filled"] > 0 and row["bytes_cpu"] > 0
-    b_p = world * (prof["h2d_concurrent_gbps" if both else "h2d_gbps"] or hbm) * 1e9  # no GPU: a host memcpy
-    b_h = prof["cpu_expert_concurrent_gbps" if both else "cpu_expert_gbps"] * 1e9
+    b_p = world * max(prof["h2d_concurrent_gbps" if both else "h2d_gbps"] or hbm,  # no GPU: a host memcpy
+                      row.get("b_p_online_gbps") or 0) * 1e9
+    b_h = max(prof["cpu_expert_concurrent_gbps" if both else "cpu_expert_gbps"], row.get("b_h_online_gbps") or 0) * 1e9
     if both:
         misses = B * (row["bytes_filled"] + row["bytes_cpu"]) / (b_p + b_h)
     else:
