@@ -33,7 +33,7 @@ class DecodeGraphs:
             self.sliding_table = torch.empty_like(self.table)
             self.sliding_slots = torch.empty(n, **i64)
         self.ctx = torch.empty(n, dtype=torch.int32, device=dev)
-        self.state_slots = torch.empty(n, **i64) if states else None
+        self.state_slots, self.state_out = (torch.empty(n, **i64) if states else None for _ in range(2))
         self.rows = torch.arange(n, **i64)
         self.graphs, self.out, self.replays = {}, {}, 0
         self.seconds = {"compile": 0.0, "capture": 0.0}  # warm-up steps (torch.compile, Triton JIT), captures
@@ -84,12 +84,13 @@ class DecodeGraphs:
         self.ctx.fill_(1)
         if self.states:
             self.state_slots.fill_(self.state_scratch)
+            self.state_out.fill_(self.state_scratch)
 
     def _forward(self, b: int) -> torch.Tensor:
-        slots = self.state_slots[:b] if self.states else None
+        slots, out = (self.state_slots[:b], self.state_out[:b]) if self.states else (None, None)
         sliding = (self.sliding_table[:b], self.sliding_slots[:b]) if self.sliding else (None, None)
         batch = ForwardBatch(self.ids[:b], self.pos[:b], [1] * b, [1] * b, self.ctx[:b], self.table[:b],
-                             self.slots[:b], self.rows[:b], slots, (), *sliding)
+                             self.slots[:b], self.rows[:b], slots, (), *sliding, out)
         return self.model(batch, self.kv)
 
     def release(self) -> None:
@@ -116,6 +117,7 @@ class DecodeGraphs:
             self.sliding_slots[:b].copy_(batch.sliding_slots)
         if self.states:
             self.state_slots[:b].copy_(batch.state_slots)
+            self.state_out[:b].copy_(batch.state_slots if batch.state_out is None else batch.state_out)
         self.graphs[b].replay()
         self.replays += 1
         return self.out[b]

@@ -192,8 +192,8 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     if cfg.sliding_layer_ids:
         kv.sliding = sliding_pool(cfg, config, kv.n_pages, dtype, device)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
-    if cfg.linear_layer_ids:  # one slot per running sequence and one for the graphs' capture
-        runner.states = StatePool(cfg, config.max_running + 1, config.state_checkpoints, dtype, device)
+    if cfg.linear_layer_ids:  # two slots per running sequence (a decode step writes the other) and one for the graphs' capture
+        runner.states = StatePool(cfg, 2 * config.max_running + 1, config.state_checkpoints, dtype, device)
         for layer in model.linear_layers():
             layer.states = runner.states
     clock.mark("kv")

@@ -8,8 +8,9 @@ cache gives back unused pages first; then the most recently admitted sequences a
 their pages go to the prefix cache and they wait at the head of the queue, to resume (mostly
 from that cache) when there is room. The oldest sequence always fits, so every request ends.
 
-Hybrid models also hold a recurrent-state slot per running sequence and checkpoint it at semantic
-anchors (engine.kv.anchors, engine.kv.checkpoints): the last PROMPT_ANCHORS anchors of the part
+Hybrid models also hold two recurrent-state slots per running sequence, a decode step reading one
+and writing the other (so a step launched ahead leaves its predecessor's state for a checkpoint),
+and checkpoint the state at semantic anchors (engine.kv.anchors, engine.kv.checkpoints): the last PROMPT_ANCHORS anchors of the part
 of a sequence it has yet to prefill (its end counts as one), and the anchors of the output (each at least anchors.GAP
 tokens after the sequence's previous checkpoint). A preempted sequence gives its slot back and
 is checkpointed where it stopped, to resume from there.
@@ -61,7 +62,8 @@ class Sequence:
     cached: int = 0                      # prompt tokens reused from the prefix cache
     pages: list[int] = field(default_factory=list)
     sliding: list[int] = field(default_factory=list)  # its pages in the sliding layers' pool, by the same index
-    state: int = -1                      # recurrent-state slot (hybrid models)
+    state: int = -1                      # recurrent-state slot (hybrid models): the newest state
+    spare: int = -1                      # and the slot its next decode step writes
     anchors: list[int] = field(default_factory=list)  # positions to checkpoint while prefilling
     checkpointed: int = 0                # the position of the last checkpoint taken
     finish: str | None = None            # stop | length (max_tokens) | context (window full) | abort | error
@@ -110,6 +112,8 @@ class _Launched:
     top: torch.Tensor | None       # their tokens, on the device
     host: torch.Tensor | None      # the same, copied to the host in stream order
     done: object = None            # a blocking CUDA event after both
+    cached: list[int] = field(default_factory=list)  # per row: its tokens in KV after this step
+    states: list[int] = field(default_factory=list)  # and the state slot this step wrote (hybrid models)
 
 
 class Scheduler:
@@ -179,7 +183,7 @@ class Scheduler:
                 return  # wait for room rather than preempt the sequences already running
             self.waiting.popleft()
             if self.states:
-                seq.state = self.states.alloc()
+                seq.state, seq.spare = self.states.alloc(), self.states.alloc()
             seq.pages, seq.n_cached = self._reuse(seq)
             seq.checkpointed = seq.n_cached
             if self.anchors:
@@ -307,10 +311,14 @@ class Scheduler:
                                      s.page_array()) for s, n in plan],
                                    self.kv.page_size, self.runner.device,
                                    states=[s.state for s, _ in plan] if self.states else None, snapshots=inside,
-                                   sliding=[s.sliding for s, _ in plan] if self.sliding else None)
+                                   sliding=[s.sliding for s, _ in plan] if self.sliding else None,
+                                   states_out=[s.spare if n == 1 else s.state for s, n in plan] if self.states else None)
         if ids is not None:
             batch = dataclasses.replace(batch, input_ids=ids)
         logits = self.runner.forward(batch, self.kv, wait=False)
+        for s, n in plan:  # a decode step wrote the spare slot: it holds the newest state now
+            if self.states and n == 1:
+                s.state, s.spare = s.spare, s.state
         self._attach([(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside], ends)
         samples = [ids is not None or s.pending == n for s, n in plan]
         for s, n in plan:
@@ -327,7 +335,7 @@ class Scheduler:
         if self._host_top is not None:  # a blocking event: the host sleeps rather than spins for the step
             done = torch.cuda.Event(blocking=True)
             done.record()
-        return _Launched(plan, samples, top, host, done)
+        return _Launched(plan, samples, top, host, done, [s.n_cached for s, _ in plan], [s.state for s, _ in plan])
 
     def _sample(self, plan: list[tuple[Sequence, int]], samples: list[bool], logits: torch.Tensor) -> torch.Tensor | None:
         """Every sampling row's token, on the device (a row that samples nothing: its argmax,
@@ -356,10 +364,10 @@ class Scheduler:
         nothing can change it: every running sequence is in it (none has a prompt to prefill),
         samples and has no grammar or forced token (which need the host), and cannot end by length
         or context; nothing waits to be admitted or run at a safe point; the pool has the pages
-        without preempting; the model keeps no state a step changes outside its KV (recurrent
-        states; several ranks follow rank 0's steps by value)."""
+        without preempting; one rank (several follow rank 0's steps by value). A hybrid model's
+        step writes its sequences' spare state slots, leaving cur's states for a checkpoint."""
         seqs = [s for s, _ in cur.plan]
-        if self.waiting or self._pending or self.states or self.runner.group is not None \
+        if self.waiting or self._pending or self.runner.group is not None \
                 or not all(cur.samples) or len(seqs) != len(self.running):
             return None
         if any(s.finish or s.constraint or s.n_output < len(s.params.forced)
@@ -390,8 +398,9 @@ class Scheduler:
                 s.constraint.advance(tok)
             s.tokens.append(tok)
             out.append((s, tok))
-            if self.anchors and self.anchors.at(s.tokens, s.n_cached) and s.n_cached - s.checkpointed >= GAP:
-                self._checkpoint(s)
+            n_cached = cur.cached[i]  # this step's (a step launched ahead has moved s.n_cached on)
+            if self.anchors and self.anchors.at(s.tokens, n_cached) and n_cached - s.checkpointed >= GAP:
+                self._checkpoint(s, cur.states[i], n_cached)
             self._check_finish(s, tok)
         return out
 
@@ -426,13 +435,14 @@ class Scheduler:
             self.prefix.attach(s.tokens[:p], s.pages, slot)
             s.checkpointed = max(s.checkpointed, p)
 
-    def _checkpoint(self, s: Sequence) -> None:
+    def _checkpoint(self, s: Sequence, state: int | None = None, n_cached: int | None = None) -> None:
         """Checkpoint the state after s.tokens[:n_cached] (an anchor of the output, or where a
-        preempted sequence stopped)."""
+        preempted sequence stopped), which live slot `state` holds (default: s's own now)."""
+        state, n_cached = s.state if state is None else state, s.n_cached if n_cached is None else n_cached
         if (slot := self.prefix.take()) is not None:
-            self.states.save(s.state, slot)
-            self.prefix.attach(s.tokens[:s.n_cached], s.pages, slot)
-            s.checkpointed = s.n_cached
+            self.states.save(state, slot)
+            self.prefix.attach(s.tokens[:n_cached], s.pages, slot)
+            s.checkpointed = n_cached
 
     def _account(self, plan: list[tuple[Sequence, int]], seconds: float) -> None:
         tot, chunk = self.totals, sum(n for _, n in plan if n > 1)
@@ -473,4 +483,5 @@ class Scheduler:
             s.sliding = []
         if s.state >= 0:
             self.states.release(s.state)
-            s.state = -1
+            self.states.release(s.spare)
+            s.state = s.spare = -1

@@ -174,3 +174,25 @@ def test_pool_is_bounded_and_evicts_least_recently_used(tiny_model):
     sched.prefix.evict(10**6)                                                   # dropping the tree drops its checkpoints
     assert not sched.prefix.lru and len(sched.prefix.free_slots) == 2
     assert used > base and e.kv.used == base                                    # and releases their tail pages
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["launched-ahead", "one-at-a-time"])
+def test_output_anchors_are_checkpointed_with_their_own_state(tiny_model, monkeypatch, ahead):
+    """A decode step launched before the last one's tokens are read writes each sequence's other
+    state slot, so an anchor in the output is checkpointed with the state after it, not the state
+    of the step ahead: restoring it gives a full prefill's logits, at the same position as when
+    every step waits for the one before."""
+    e = load(tiny_model("qwen3_5_moe")[2], kv_tokens=1024)
+    prompt = words(20, 30)
+    out = run(Scheduler(e, set(), 1, 32, prefix_cache=False), prompt, 24).output  # the model's own greedy output
+    k = next(i for i in range(12, 20) if out[i] not in out[:i])  # a token first output at k: an anchor after it
+    sched = Scheduler(e, set(), 1, 32, anchors=Anchors(frozenset(), frozenset({out[k]})))
+    launched, launch = [], sched._launch_ahead
+    monkeypatch.setattr(sched, "_launch_ahead", lambda cur: launched.append(launch(cur) if ahead else None) or launched[-1])
+    assert run(sched, prompt, 24).output == out
+    assert any(launched) == ahead
+    anchor = len(prompt) + k + 1
+    tokens = prompt + out[:k + 1] + words(6, 31)
+    got, n = restored_logits(sched, tokens)
+    assert n == anchor
+    assert rel_err(got, prefill_logits(e, tokens)[n:]) < 1e-5

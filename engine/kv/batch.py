@@ -21,6 +21,7 @@ class ForwardBatch:
     snapshots: tuple[tuple[int, int, int], ...] = ()  # (sequence, offset in its new tokens, checkpoint)
     sliding_table: torch.Tensor | None = None  # [B, max_pages] int32 and [T] int64: as page_table and
     sliding_slots: torch.Tensor | None = None  # slots, in the sliding layers' pool (engine.kv.paged)
+    state_out: torch.Tensor | None = None  # [B] int64 slot each sequence's new states go to (None: state_slots)
 
     def to(self, device: torch.device | str) -> "ForwardBatch":
         """The same step with its tensors on `device` (how it travels to other ranks)."""
@@ -31,11 +32,11 @@ class ForwardBatch:
     def build(seqs: list[tuple[list[int], int, list[int]]], page_size: int,
               device: torch.device, all_logits: bool = False, states: list[int] | None = None,
               snapshots: tuple[tuple[int, int, int], ...] = (),
-              sliding: list[list[int]] | None = None) -> "ForwardBatch":
+              sliding: list[list[int]] | None = None, states_out: list[int] | None = None) -> "ForwardBatch":
         """seqs: (new token ids, tokens already in KV, page ids: a list or an int32 array) per
-        sequence; states: their recurrent-state slots; snapshots: where linear layers save states
-        mid-sequence; sliding: their pages in the sliding layers' pool (models with sliding-window
-        layers)."""
+        sequence; states: their recurrent-state slots, read (and written, unless states_out names
+        other slots); snapshots: where linear layers save states mid-sequence; sliding: their pages
+        in the sliding layers' pool (models with sliding-window layers)."""
         ids, pos, rows, q_lens, ctx_lens = [], [], [], [], []
         for new, start, _ in seqs:
             n = len(new)
@@ -59,4 +60,5 @@ class ForwardBatch:
         table, slots = paged([p for _, _, p in seqs])
         sliding_table, sliding_slots = paged(sliding) if sliding is not None else (None, None)
         return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, torch.int32), table, slots, t(rows),
-                            None if states is None else t(states), tuple(snapshots), sliding_table, sliding_slots)
+                            None if states is None else t(states), tuple(snapshots), sliding_table, sliding_slots,
+                            None if states_out is None else t(states_out))

@@ -4,7 +4,9 @@ input to q, k, v, the output gate z and the per-head b (learning rate beta = sig
 gated delta rule over a recurrent state; a gated RMSNorm; the output projection.
 
 Each sequence's conv and recurrent states live in a slot of the StatePool (engine.kv.state),
-named by the batch's `state_slots`. A decode batch runs in one batched step with the slots read
+named by the batch's `state_slots` (and written to its `state_out` where it names other slots, so
+that a decode step launched ahead leaves the state its predecessor wrote for a checkpoint to copy).
+A decode batch runs in one batched step with the slots read
 and written by index (so it can be captured in a CUDA graph); other batches run sequence by
 sequence and can save the states at given offsets inside a sequence's new tokens (checkpoints)."""
 from __future__ import annotations
@@ -59,8 +61,9 @@ class GatedDeltaNet(nn.Module):
             o, rec1 = linear_attn.step(*self._heads(qkv), g, beta, rec0)
         else:
             o, conv1, rec1 = self._sequences(qkv, g, beta, conv0, rec0, conv_w, batch)
-        conv_pool.index_copy_(0, slots, conv1.to(conv_pool.dtype))
-        rec_pool.index_copy_(0, slots, rec1.to(rec_pool.dtype))
+        out = slots if batch.state_out is None else batch.state_out
+        conv_pool.index_copy_(0, out, conv1.to(conv_pool.dtype))
+        rec_pool.index_copy_(0, out, rec1.to(rec_pool.dtype))
         o = gated_rms_norm(o.reshape(-1, self.dv), z.reshape(-1, self.dv), self.norm.weight, self.eps)
         return self.out_proj(o.reshape(T, -1))
 
