@@ -200,18 +200,20 @@ def _tiles(slots: torch.Tensor, block_m: int, distinct: int) -> tuple[torch.Tens
 def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight | torch.Tensor, w_down: QWeight | torch.Tensor,
                      slots: torch.Tensor, weights: torch.Tensor, act: ExpertAct = SILU, bias: ExpertBias | None = None,
                      blocks: tuple[int, int, int, int, int] = (64, 64, 64, 64, 64),
-                     experts: int | None = None) -> torch.Tensor:
+                     experts: int | None = None, reduce: bool = True, routes: torch.Tensor | None = None) -> torch.Tensor:
     """ref.moe_experts: x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I] (QWeights or tensors);
-    slots [T, K] (-1 = elsewhere); weights [T, K]; act and bias as the reference takes them ->
-    [T, H] float32. blocks = (BLOCK_M, BLOCK_N, BLOCK_K of A, BLOCK_N, BLOCK_K of B). experts: at
-    most that many distinct slots among the routes (a layer's experts; default S), which bounds
-    the programs launched: nothing here waits for the device."""
+    slots [T, K] (-1 = elsewhere); weights [T, K]; act, bias, reduce and routes as the reference
+    takes them -> [T, H] float32 (without reduce [T, K, H]). blocks = (BLOCK_M, BLOCK_N, BLOCK_K
+    of A, BLOCK_N, BLOCK_K of B). experts: at most that many distinct slots among the routes (a
+    layer's experts; default S), which bounds the programs launched: nothing here waits for the
+    device."""
     T, H = x.shape
     K, I = slots.shape[1], w_down.shape[2]
     assert tuple(w_gate_up.shape[1:]) == (2 * I, H) and w_down.shape[1] == H and x.stride(1) == 1
     bm, bn, bk, bn2, bk2 = blocks
     order, tiles = _tiles(slots, bm, min(experts or w_gate_up.shape[0], w_gate_up.shape[0]))
-    y = torch.zeros(T * K, H, dtype=torch.float32, device=x.device)     # weighted, per route
+    y = torch.zeros(T * K, H, dtype=torch.float32, device=x.device) if routes is None \
+        else routes.view(T * K, H)                                      # weighted, per route
     if len(tiles):
         prec = "ieee" if x.dtype == torch.float32 else "tf32"            # fp32: no TF32 rounding
         h = torch.empty(T * K, I, dtype=x.dtype, device=x.device)      # by sorted position
@@ -224,4 +226,4 @@ def moe_experts_gemm(x: torch.Tensor, w_gate_up: QWeight | torch.Tensor, w_down:
         _down_gemm[(len(tiles), triton.cdiv(H, bn2))](
             h, *parts, tiles, order, weights.reshape(-1).contiguous(), y, *b_d, H, I, **fmt, PREC=prec,
             BLOCK_M=bm, BLOCK_N=bn2, BLOCK_K=bk2, EVEN_K=I % bk2 == 0, BIAS=bias is not None)
-    return y.view(T, K, H).sum(1)
+    return y.view(T, K, H).sum(1) if reduce else y.view(T, K, H)

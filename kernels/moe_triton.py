@@ -256,15 +256,16 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
 def moe_experts_auto(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight,
                      w_down: torch.Tensor | QWeight, slots: torch.Tensor, weights: torch.Tensor,
                      act: ExpertAct = SILU, bias: ExpertBias | None = None, reduce: bool = True,
-                     experts: int | None = None) -> torch.Tensor:
-    """On CUDA the GEMV kernels for decode-sized batches (T*K <= 64), the grouped GEMMs for more
-    routes (experts: at most that many distinct slots among them, moe_experts_gemm); the reference
-    elsewhere. Both of the latter always return the sum over the routes, whatever reduce asks."""
-    if x.is_cuda and slots.numel() <= 64:
+                     experts: int | None = None, routes: torch.Tensor | None = None) -> torch.Tensor:
+    """On CUDA the GEMV kernels for decode-sized batches (T*K <= 64, no `routes`), the grouped
+    GEMMs for more routes (experts: at most that many distinct slots among them,
+    moe_experts_gemm); the reference elsewhere. reduce and routes as ref.moe_experts takes them."""
+    if x.is_cuda and slots.numel() <= 64 and routes is None:
         return moe_experts(x, w_gate_up, w_down, slots, weights, act, bias, reduce=reduce)
     if x.is_cuda:
-        return moe_experts_gemm(x, w_gate_up, w_down, slots, weights, act, bias, experts=experts)
-    return ref.moe_experts(x, w_gate_up, w_down, slots, weights, act, bias)
+        return moe_experts_gemm(x, w_gate_up, w_down, slots, weights, act, bias, experts=experts, reduce=reduce,
+                                routes=routes)
+    return ref.moe_experts(x, w_gate_up, w_down, slots, weights, act, bias, reduce, routes)
 
 
 def bench_moe(T: int = 1, K: int = 8, H: int = 2048, I: int = 768, S: int = 512,

@@ -46,7 +46,7 @@ def expert_weight(w: torch.Tensor | QWeight, slot: int, dtype: torch.dtype) -> t
 
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torch.Tensor | QWeight,
                 slots: torch.Tensor, weights: torch.Tensor, act: ExpertAct = SILU,
-                bias: ExpertBias | None = None) -> torch.Tensor:
+                bias: ExpertBias | None = None, reduce: bool = True, routes: torch.Tensor | None = None) -> torch.Tensor:
     """Weighted sum of routed expert FFNs.
 
     x [T, H]; w_gate_up [S, 2I, H]; w_down [S, H, I] (S = slots of a GPU pool or experts of a
@@ -54,9 +54,14 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
     computed elsewhere; weights [T, K]; bias: the slots' gate_up and down biases, or None.
     Returns [T, H] float32: sum over k of weights[t, k] * FFN_{slots[t, k]}(x[t]), where
     FFN(x) = act(x Wgu^T + bgu) Wd^T + bd, with each weight and bias rounded to x's dtype (a
-    quantized weight dequantized first).
+    quantized weight dequantized first), each token's routes summed in the order of k. Without
+    reduce: the weighted routes [T, K, H] (a route computed elsewhere: zero). routes: that result of
+    an earlier call on other routes of the same tokens, written into instead of zeros (groups of
+    experts computed in turns and summed once).
     """
-    out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
+    T, K = slots.shape
+    out = torch.zeros(T * K, w_down.shape[1], dtype=torch.float32, device=x.device) if routes is None \
+        else routes.view(T * K, -1)
     flat = slots.reshape(-1)
     order = torch.argsort(flat, stable=True)
     uniq, counts = torch.unique_consecutive(flat[order], return_counts=True)
@@ -73,9 +78,9 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
         y = act_and_mul(gu, act) @ expert_weight(w_down, s, x.dtype).t()
         if bias is not None:
             y = y + bias[1][s].to(x.dtype)
-        y = y * w[idx, None]
-        out.index_add_(0, t, y.float())
-    return out
+        out[idx] = (y * w[idx, None]).float()
+    out = out.view(T, K, -1)
+    return out.sum(1) if reduce else out
 
 
 @sdpa_kernel(SDPA_BACKENDS)

@@ -93,7 +93,7 @@ def test_moe_experts_dead_routes_and_auto():
     per_route = moe_experts(x, wgu, wd, slots, torch.nan_to_num(w), reduce=False)
     assert per_route.shape == (T, K, H) and torch.equal(per_route.sum(1), moe_experts(x, wgu, wd, slots, torch.nan_to_num(w)))
     auto = moe_experts_auto(x, wgu, wd, slots, torch.nan_to_num(w), reduce=False)
-    assert auto.shape == ((T, K, H) if CUDA else (T, H))          # the reference always sums
+    assert auto.shape == (T, K, H)
 
 
 @pytest.mark.gpu
@@ -242,6 +242,14 @@ def test_moe_experts_gemm_matches_ref(fmt, symmetric, xdt, blocks, pooled):
     ref32 = ref.moe_experts(x.float(), dgu.to(xdt).float(), dd.to(xdt).float(), slots, w)
     assert out.dtype == torch.float32 and out.shape == (T, H)
     _close(out, ref32, xdt)
+    # the slots in two groups, their routes written into one buffer in turn and summed once: the
+    # same bits as one call (a streamed layer's passes), in the GEMMs and in the reference
+    for fn, dev, args in ((moe_experts_gemm, DEV, (wgu, wd)), (ref.moe_experts, "cpu", (dgu.float(), dd.float()))):
+        xs, sl, ws = x.to(dev).float() if fn is ref.moe_experts else x.to(dev), slots.to(dev), w.to(dev)
+        kw = dict(blocks=blocks) if fn is moe_experts_gemm else {}
+        routes = fn(xs, *args, torch.where(sl < 2, sl, -1), ws, reduce=False, **kw)
+        routes = fn(xs, *args, torch.where(sl < 2, -1, sl), ws, reduce=False, routes=routes, **kw)
+        assert routes.shape == (T, K, H) and torch.equal(routes.sum(1), fn(xs, *args, sl, ws, **kw))
     if CUDA:  # more than 64 routes: auto runs the GEMMs (at their default blocks; other blocks
         # change the tensor cores' summation order, so only fp32 would match `out` bit for bit)
         args = x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV)

@@ -3,9 +3,9 @@ are taken from the coldest cache slots; while the experts of one buffer compute,
 loads the next G experts that are not resident into the other. G is a whole layer's E experts
 when two layers' buffers and a routed layer step fit in the cache (3E slots); a smaller cache
 streams each layer in up to MAX_GROUPS groups of experts (3G slots), the layer's routes computed
-group by group and summed (every route on exactly one pass: the experts resident in the cache
-join the first). Layers computed this way never touch the cache tables, so the decode working
-set survives the prefill.
+group by group into one buffer of routes and summed once (every route on exactly one pass, the
+experts resident in the cache on the first; the sum has the bits of a single pass). Layers
+computed this way never touch the cache tables, so the decode working set survives the prefill.
 
 Whether to stream the next layer follows the bandwidth model: streaming moves all m of its
 experts that are not resident, behind the compute, max(m * slot / B_P, c); fetching moves only

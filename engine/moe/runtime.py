@@ -117,10 +117,10 @@ class ExpertRuntime:
         # wait for its buffer is queued (on the device tables that read waits for the queue)
         if scan and layer in st.ready:
             ahead = self._ahead(layer)
-            out = None
-            for slots in st.passes(layer):  # the layer's buffered groups of experts, summed
-                y = self.run_cached(x, torch.where(ids < 0, -1, slots[ids]), weights)
-                out = y if out is None else out.add_(y)
+            routes = None
+            for slots in st.passes(layer):  # the layer's buffered groups of experts, into one buffer of routes
+                routes = self.run_cached(x, torch.where(ids < 0, -1, slots[ids]), weights, reduce=False, routes=routes)
+            out = routes.sum(1)
         else:
             out, ahead = self._routed(layer, x, ids_h, weights, scan)
         if scan:
