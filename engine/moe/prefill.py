@@ -2,8 +2,9 @@
 are taken from the coldest cache slots; while the experts of one buffer compute, a copy stream
 loads the next G experts that are not resident into the other. G is a whole layer's E experts
 when two layers' buffers and a routed layer step fit in the cache (3E slots); a smaller cache
-streams each layer in up to MAX_GROUPS groups of experts (3G slots), the layer's routes computed
-group by group into one buffer of routes and summed once (every route on exactly one pass, the
+streams each layer in up to MAX_GROUPS groups of experts (3G slots), and so does any chunk whose
+layers move slower than they compute (groups of E / MAX_GROUPS: buffers that evict fewer cached
+experts, which those layers would move again), the layer's routes computed group by group into one buffer of routes and summed once (every route on exactly one pass, the
 experts resident in the cache on the first; the sum has the bits of a single pass). Layers
 computed this way never touch the cache tables, so the decode working set survives the prefill.
 
@@ -36,10 +37,14 @@ PREFILL_MODES = ("adaptive", "stream", "routed")
 MAX_GROUPS = 8  # passes a streamed layer may take: smaller groups cost more than they hide
 
 
-def group_size(experts: int, slots: int) -> int:
+def group_size(experts: int, slots: int, link_bound: bool = False) -> int:
     """Experts a buffer holds: the largest of experts / k (k = 1..MAX_GROUPS, rounded up) of
-    which three fit in `slots` (two buffers and room for a routed layer step); 0: none does."""
-    return next((g for g in (-(-experts // k) for k in range(1, MAX_GROUPS + 1)) if 3 * g <= slots), 0)
+    which three fit in `slots` (two buffers and room for a routed layer step); 0: none does.
+    link_bound: the smallest, experts / MAX_GROUPS: where the link, not the compute, sets the
+    pace, more passes cost nothing, and smaller buffers evict fewer of the cache's experts, which
+    the layers would otherwise move again."""
+    big = next((g for g in (-(-experts // k) for k in range(1, MAX_GROUPS + 1)) if 3 * g <= slots), 0)
+    return min(big, -(-experts // MAX_GROUPS)) if big and link_bound else big
 
 
 class LayerStreamer:
@@ -65,11 +70,15 @@ class LayerStreamer:
         return self.mode != "routed" and group_size(self.E, self.rt.cache.n_slots) > 0
 
     def begin(self, ids: torch.Tensor) -> None:
-        """A long chunk starts, at its first layer, routed like ids [T, K] (on the host): that
-        layer streams too where the rule below says so, so that the next layer's loads run
-        behind its compute instead of waiting for it."""
+        """A long chunk starts, at its first layer, routed like ids [T, K] (on the host). Its
+        buffers hold the smallest groups where moving a whole layer would take longer than its
+        compute (the last measurement, scaled), else the largest that fit. The first layer streams
+        too where the rule below says so, so that the next layer's loads run behind its compute
+        instead of waiting for it."""
         self.active, self.ready, self.tokens, self.read = True, {}, ids.shape[0], [None, None]
-        self.G, self.queue, self.loaded, self.used = group_size(self.E, self.rt.cache.n_slots), [], 0, 0
+        est, compute = self.rt.qstar.estimator, self.estimate()
+        link_bound = bool(est and est.b_p and compute and self.E * self.rt.store.layout.slot_bytes / est.b_p > compute)
+        self.G, self.queue, self.loaded, self.used = group_size(self.E, self.rt.cache.n_slots, link_bound), [], 0, 0
         self.start, self.waits = self._mark(), []
         if self.rt.policy.cacheable(0):
             self._decide(0, ids, self.rt.cache.tables.resident(0, self.E), self.estimate())
