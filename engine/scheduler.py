@@ -10,10 +10,11 @@ from that cache) when there is room. The oldest sequence always fits, so every r
 
 Hybrid models also hold two recurrent-state slots per running sequence, a decode step reading one
 and writing the other (so a step launched ahead leaves its predecessor's state for a checkpoint),
-and checkpoint the state at semantic anchors (engine.kv.anchors, engine.kv.checkpoints): the last PROMPT_ANCHORS anchors of the part
-of a sequence it has yet to prefill (its end counts as one), and the anchors of the output (each at least anchors.GAP
-tokens after the sequence's previous checkpoint). A preempted sequence gives its slot back and
-is checkpointed where it stopped, to resume from there.
+and checkpoint the state at semantic anchors (engine.kv.anchors, engine.kv.checkpoints): the last
+PROMPT_ANCHORS anchors of the part of a sequence it has yet to prefill (its end counts as one),
+and the anchors of the output (each at least anchors.GAP tokens after the sequence's previous
+checkpoint). A preempted sequence gives its slots back and is checkpointed where it stopped, to
+resume from there.
 
 Models with sliding-window layers (gpt-oss) give back those layers' pages behind each sequence's
 window after every step (engine.kv.paged.SlidingPool); the prefix cache keeps the window at each

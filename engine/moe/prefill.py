@@ -4,9 +4,10 @@ loads the next G experts that are not resident into the other. G is a whole laye
 when two layers' buffers and a routed layer step fit in the cache (3E slots); a smaller cache
 streams each layer in up to MAX_GROUPS groups of experts (3G slots), and so does any chunk whose
 layers move slower than they compute (groups of E / MAX_GROUPS: buffers that evict fewer cached
-experts, which those layers would move again), the layer's routes computed group by group into one buffer of routes and summed once (every route on exactly one pass, the
-experts resident in the cache on the first; the sum has the bits of a single pass). Layers
-computed this way never touch the cache tables, so the decode working set survives the prefill.
+experts, which those layers would move again). A layer's routes are computed group by group into
+one buffer of routes and summed once (every route on exactly one pass, the experts resident in
+the cache on the first; the sum has the bits of a single pass). Layers computed this way never
+touch the cache tables, so the decode working set survives the prefill.
 
 Whether to stream the next layer follows the bandwidth model: streaming moves all m of its
 experts that are not resident, behind the compute, max(m * slot / B_P, c); fetching moves only
@@ -34,7 +35,7 @@ from contextlib import contextmanager
 import torch
 
 PREFILL_MODES = ("adaptive", "stream", "routed")
-MAX_GROUPS = 8  # passes a streamed layer may take: smaller groups cost more than they hide
+MAX_GROUPS = 8  # passes a streamed layer may take: where compute sets the pace, smaller groups cost more than they hide
 
 
 def group_size(experts: int, slots: int, link_bound: bool = False) -> int:
