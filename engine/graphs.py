@@ -117,7 +117,7 @@ class DecodeGraphs:
             self.sliding_slots[:b].copy_(batch.sliding_slots)
         if self.states:
             self.state_slots[:b].copy_(batch.state_slots)
-            self.state_out[:b].copy_(batch.state_slots if batch.state_out is None else batch.state_out)
+            self.state_out[:b].copy_(batch.state_dst)
         self.graphs[b].replay()
         self.replays += 1
         return self.out[b]

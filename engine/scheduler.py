@@ -258,7 +258,7 @@ class Scheduler:
     def _preempt(self, s: Sequence) -> None:
         self.running.remove(s)
         if self.states and self.prefix and s.n_cached > s.checkpointed:
-            self._checkpoint(s)  # its state where it stopped, which no KV page can give back
+            self._checkpoint(s, s.state, s.n_cached)  # its state where it stopped, which no KV page can give back
         self._donate(s)
         s.n_cached = 0
         self.waiting.appendleft(s)
@@ -436,10 +436,9 @@ class Scheduler:
             self.prefix.attach(s.tokens[:p], s.pages, slot)
             s.checkpointed = max(s.checkpointed, p)
 
-    def _checkpoint(self, s: Sequence, state: int | None = None, n_cached: int | None = None) -> None:
+    def _checkpoint(self, s: Sequence, state: int, n_cached: int) -> None:
         """Checkpoint the state after s.tokens[:n_cached] (an anchor of the output, or where a
-        preempted sequence stopped), which live slot `state` holds (default: s's own now)."""
-        state, n_cached = s.state if state is None else state, s.n_cached if n_cached is None else n_cached
+        preempted sequence stopped), which live slot `state` holds."""
         if (slot := self.prefix.take()) is not None:
             self.states.save(state, slot)
             self.prefix.attach(s.tokens[:n_cached], s.pages, slot)

@@ -23,6 +23,11 @@ class ForwardBatch:
     sliding_slots: torch.Tensor | None = None  # slots, in the sliding layers' pool (engine.kv.paged)
     state_out: torch.Tensor | None = None  # [B] int64 slot each sequence's new states go to (None: state_slots)
 
+    @property
+    def state_dst(self) -> torch.Tensor | None:
+        """The slots the new recurrent states are written to."""
+        return self.state_slots if self.state_out is None else self.state_out
+
     def to(self, device: torch.device | str) -> "ForwardBatch":
         """The same step with its tensors on `device` (how it travels to other ranks)."""
         return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)

@@ -61,9 +61,8 @@ class GatedDeltaNet(nn.Module):
             o, rec1 = linear_attn.step(*self._heads(qkv), g, beta, rec0)
         else:
             o, conv1, rec1 = self._sequences(qkv, g, beta, conv0, rec0, conv_w, batch)
-        out = slots if batch.state_out is None else batch.state_out
-        conv_pool.index_copy_(0, out, conv1.to(conv_pool.dtype))
-        rec_pool.index_copy_(0, out, rec1.to(rec_pool.dtype))
+        conv_pool.index_copy_(0, batch.state_dst, conv1.to(conv_pool.dtype))
+        rec_pool.index_copy_(0, batch.state_dst, rec1.to(rec_pool.dtype))
         o = gated_rms_norm(o.reshape(-1, self.dv), z.reshape(-1, self.dv), self.norm.weight, self.eps)
         return self.out_proj(o.reshape(T, -1))
 

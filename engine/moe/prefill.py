@@ -82,7 +82,7 @@ class LayerStreamer:
         self.G, self.queue, self.loaded, self.used = group_size(self.E, self.rt.cache.n_slots, link_bound), [], 0, 0
         self.start, self.waits = self._mark(), []
         if self.rt.policy.cacheable(0):
-            self._decide(0, ids, self.rt.cache.tables.resident(0, self.E), self.estimate())
+            self._decide(0, ids, self.rt.cache.tables.resident(0, self.E), compute)
 
     def end(self) -> None:
         if self.slots is not None:
