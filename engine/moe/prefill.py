@@ -207,4 +207,6 @@ class LayerStreamer:
                 for s, e in zip(dest, experts):
                     c.pool[s].copy_(bank[e])
             slots[experts] = torch.tensor(dest, dtype=slots.dtype)
-            self.ready[layer][j] = (slots.to(c.pool.device), event, buf)
+            if self.cuda:  # pinned and queued: a pageable copy would wait for all the queued compute
+                slots = slots.pin_memory().to(c.pool.device, non_blocking=True)
+            self.ready[layer][j] = (slots, event, buf)
