@@ -132,26 +132,29 @@ def test_buffers_hold_a_layer_when_three_fit_else_an_even_share_of_it():
     from engine.moe.prefill import group_size
     assert [group_size(128, n) for n in (384, 383, 250, 192, 128, 96, 48, 47)] == [128, 64, 64, 64, 32, 32, 16, 0]
     assert group_size(8, 24) == 8 and group_size(8, 12) == 4 and group_size(8, 6) == 2
-    # where the link sets the pace: the smallest groups, if any fit
-    assert [group_size(128, n, link_bound=True) for n in (384, 128, 48, 47)] == [16, 16, 16, 0]
+    # where the link sets the pace (a short chunk): the smallest groups instead of whole layers
+    assert [group_size(128, n, link_bound=True) for n in (384, 128, 48, 47)] == [16, 32, 16, 0]
 
 
-def test_a_chunk_whose_layers_move_slower_than_they_compute_takes_small_buffers(tiny_model):
+def test_a_short_chunk_whose_layers_move_slower_than_they_compute_takes_small_buffers(tiny_model):
     """A chunk's group size: the largest that fits while a whole layer moves faster than the last
-    measured compute (scaled to the chunk), the smallest once it moves slower; the largest while
-    nothing is measured."""
+    measured compute (scaled to the chunk), the smallest once it moves slower, if the chunk is
+    short; the largest while nothing is measured, and for a long chunk."""
+    from engine.moe.prefill import SMALL_GROUP_ROUTES
     _, _, ftw = tiny_model("qwen3_moe")
     e = load(ftw, prefill_mode="adaptive", moe_policy="fetch")
-    rt, ids = e.runtime, torch.zeros(100, 1, dtype=torch.int64)
+    rt = e.runtime
     st, E, layer_s = rt.streamer, rt.cache.n_experts, 1e-3  # a whole layer over the link: 1 ms
+    assert rt.cache.n_slots >= 3 * E
     rt.qstar.start(E * rt.store.layout.slot_bytes / layer_s / 1e9, 1.0)
+    short, long = (torch.zeros(n, 1, dtype=torch.int64) for n in (100, SMALL_GROUP_ROUTES * E + 1))
     got = []
-    for compute in (0.0, 2e-3, 0.5e-3):
-        st.compute, st.compute_tokens = compute, 100 if compute else 0
+    for compute, ids in ((0.0, short), (2e-3, short), (0.5e-3, short), (0.5e-3, long)):
+        st.compute, st.compute_tokens = compute, ids.shape[0] if compute else 0  # measured at this length
         st.begin(ids)
         got.append(st.G)
         st.end()
-    assert got == [E, E, -(-E // 8)], got
+    assert got == [E, E, -(-E // 8), E], got
 
 
 @pytest.mark.parametrize("layers_of_slots", [4, 1.5])
