@@ -3,6 +3,7 @@ every routed expert in the host store, one expert cache sized from the budget, t
 from __future__ import annotations
 
 import json
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,8 +28,10 @@ from engine.moe.store import HostExpertStore
 from engine.runner import ModelRunner
 from engine.sampling import generator, sample
 from ftw.format import DTYPES
+from kernels import linear_attn
 
 GiB = 2**30
+log = logging.getLogger("freetoken.loader")
 
 
 def pick_device(name: str) -> torch.device:
@@ -192,6 +195,7 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     if cfg.sliding_layer_ids:
         kv.sliding = sliding_pool(cfg, config, kv.n_pages, dtype, device)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
+    note_missing_kernels(cfg, device, dtype)
     if cfg.linear_layer_ids:  # two slots per running sequence (a decode step writes the other) and one for the graphs' capture
         runner.states = StatePool(cfg, 2 * config.max_running + 1, config.state_checkpoints, dtype, device)
         for layer in model.linear_layers():
@@ -201,6 +205,14 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     runner.prefill_chunk = config.prefill_chunk or prefill_chunk_for(free_memory(device), cfg, max_context, dtype)
     runner.timings = clock.seconds
     return runner
+
+
+def note_missing_kernels(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """A hybrid in half precision on CUDA runs flash-linear-attention's kernels where installed:
+    say so where it is not (the same results, slower)."""
+    if cfg.linear_layer_ids and device.type == "cuda" and dtype != torch.float32 and not linear_attn.fla_available():
+        log.warning("flash-linear-attention is not installed, so the Gated DeltaNet layers run a plain-torch path "
+                    "(long prompts take about twice as long); install it: pip install 'freetoken[cuda]'")
 
 
 def sliding_pool(cfg: ModelConfig, config: EngineConfig, full_pages: int, dtype: torch.dtype,

@@ -23,6 +23,10 @@ def _fla():
     return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 
+def fla_available() -> bool:
+    return _fla() is not None
+
+
 def _use_fla(v: torch.Tensor):
     return _fla() if v.is_cuda and v.dtype in (torch.bfloat16, torch.float16) else None
 

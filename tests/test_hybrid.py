@@ -196,3 +196,23 @@ def test_output_anchors_are_checkpointed_with_their_own_state(tiny_model, monkey
     got, n = restored_logits(sched, tokens)
     assert n == anchor
     assert rel_err(got, prefill_logits(e, tokens)[n:]) < 1e-5
+
+
+def test_a_half_precision_hybrid_on_cuda_without_fla_says_so(monkeypatch, caplog):
+    """Only where flash-linear-attention's kernels would run: a hybrid, in half precision, on CUDA."""
+    import logging
+
+    from engine import loader
+    from engine.synthetic import synthetic_config
+    hybrid, dense = synthetic_config("tiny-hybrid"), synthetic_config("tiny")
+    monkeypatch.setattr(loader.linear_attn, "fla_available", lambda: False)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    with caplog.at_level(logging.WARNING, logger="freetoken.loader"):
+        for cfg, device, dtype in ((hybrid, cuda, torch.bfloat16), (hybrid, cuda, torch.float32),
+                                   (hybrid, cpu, torch.bfloat16), (dense, cuda, torch.bfloat16)):
+            loader.note_missing_kernels(cfg, device, dtype)
+    assert len(caplog.records) == 1 and "pip install 'freetoken[cuda]'" in caplog.records[0].getMessage()
+    monkeypatch.setattr(loader.linear_attn, "fla_available", lambda: True)
+    caplog.clear()
+    loader.note_missing_kernels(hybrid, cuda, torch.bfloat16)
+    assert not caplog.records
