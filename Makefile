@@ -1,6 +1,7 @@
 # Two set-up commands: `make run` (chat with the embedded demo model) and `make test`.
 # Both create .venv on first use. Without an NVIDIA GPU the CPU build of torch is installed
-# first, so pip never pulls the multi-GB CUDA build; with one, pip takes the normal CUDA build.
+# first, so pip never pulls the multi-GB CUDA build; with one, pip takes the normal CUDA build and
+# the `cuda` extra (flash-linear-attention's kernels for the hybrid models).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -17,7 +18,7 @@ $(STAMP): pyproject.toml
 		echo "no NVIDIA GPU found: installing the CPU build of torch"; \
 		$(PY) -m pip install -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e ".[test$$(command -v nvidia-smi >/dev/null 2>&1 && echo ,cuda)]"
 	touch $(STAMP)
 
 run: $(STAMP)
