@@ -146,13 +146,13 @@ def prefill(model: Optional[str] = ModelArg,
     from rich.table import Table
     t = Table(title=f"prefill: {runner.cfg.num_layers} layers x {runner.cfg.num_experts} experts, chunk {runner.prefill_chunk}")
     for col in ("budget GiB", "mode", "prompt", "tokens", "TTFT s", f"min-max of {repeats}", "streaming bound s",
-                "TTFT / bound", "of all resident", "layers streamed", "moved GiB", "CPU GiB"):
+                "TTFT / bound", "of all resident", "layers streamed (passes)", "moved GiB", "CPU GiB"):
         t.add_column(col, justify="left" if col in ("mode", "prompt") else "right")
     for r in rows:
         t.add_row(f"{r['budget_gib']:.2f}" + (" (all)" if r["all_resident"] else ""), r["mode"], r["prompt"],
                   str(r["tokens"]), f"{r['ttft_s']:.3f}", f"{min(r['ttft_runs']):.3f}-{max(r['ttft_runs']):.3f}",
                   f"{r['bound_s']:.3f}", f"{r['ttft_s'] / r['bound_s']:.2f}",
-                  "-" if r["of_floor"] is None else f"{r['of_floor']:.2f}x", str(r["streamed_layers"]),
+                  "-" if r["of_floor"] is None else f"{r['of_floor']:.2f}x", f"{r['streamed_layers']} ({r['stream_passes']})",
                   f"{r['moved_gib']:.2f}", f"{r['cpu_gib']:.2f}")
     Console(width=max(175, Console().width)).print(t)
 
@@ -274,8 +274,9 @@ def agent(model: Optional[str] = ModelArg,
     def say(r: dict) -> None:
         typer.echo(f"turn {r['turn']}: {r['prompt_tokens']} tokens, TTFT {r['ttft_s_on']:.3f} s (reused "
                    f"{r['reused_on']}; moved {r['moved_gib_on']:.2f} GiB, CPU {r['cpu_gib_on']:.2f} GiB, streamed "
-                   f"{r['streamed_on']}) vs {r['ttft_s_off']:.3f} s (reused {r['reused_off']}; moved "
-                   f"{r['moved_gib_off']:.2f} GiB, CPU {r['cpu_gib_off']:.2f} GiB, streamed {r['streamed_off']})", err=True)
+                   f"{r['streamed_on']} in {r['passes_on']} passes) vs {r['ttft_s_off']:.3f} s (reused {r['reused_off']}; "
+                   f"moved {r['moved_gib_off']:.2f} GiB, CPU {r['cpu_gib_off']:.2f} GiB, streamed {r['streamed_off']} in "
+                   f"{r['passes_off']} passes)", err=True)
         rows.append(r)
         if out:
             out.write_text(json.dumps({"rows": rows, "profile": prof}, indent=1))

@@ -142,10 +142,10 @@ def test_cache_stats_record_and_delta():
     from engine.moe.cache import CacheStats
     st = CacheStats()
     st.record(slot_bytes=10, hits=3, misses=4, fetched=1)
-    st.record(slot_bytes=10, streamed=8)
+    st.record(slot_bytes=10, streamed=8, passes=2)
     st.record(scan=True)
     assert st == CacheStats(hits=3, misses=4, fetched=1, cpu=3, bytes_filled=90, bytes_cpu=30, scan_steps=1,
-                            stream_layers=1)
+                            stream_layers=1, stream_passes=2)
     before = replace(st)
     st.record(slot_bytes=10, hits=1, misses=2, fetched=2)
     assert st - before == CacheStats(hits=1, misses=2, fetched=2, bytes_filled=20)

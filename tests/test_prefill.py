@@ -189,3 +189,4 @@ def test_streaming_over_many_layers_with_a_partial_cache_matches_plain_prefill(t
             greedy(e, p[:5], 2)
         assert e.runtime.cache.stats.stream_layers > 0 and e.runtime.streamer.slots is None
         assert (e.runtime.streamer.G, max(passes)) == ((8, 1) if layers_of_slots == 4 else (4, 2))
+        assert e.runtime.cache.stats.stream_passes == sum(passes)

@@ -98,7 +98,7 @@ def context(shape: Shape) -> tuple[int, int]:
 
 def replay_turn(runner: ModelRunner, sched: Scheduler, prompt: list[int], answer: list[int]) -> dict:
     """-> the time to the first answer token, prompt tokens reused, and what the prompt's prefill
-    moved: expert GiB over the link, GiB the CPU read for its routes, layers streamed whole."""
+    moved: expert GiB over the link, GiB the CPU read for its routes, layers streamed and their passes."""
     seq = Sequence(prompt, SamplingParams(max_tokens=len(answer), forced=tuple(answer), ignore_eos=True))
     before = replace(runner.runtime.cache.stats)  # a copy: record() counts in place
     ttft = first_token(runner, sched, seq)
@@ -106,7 +106,7 @@ def replay_turn(runner: ModelRunner, sched: Scheduler, prompt: list[int], answer
     while not seq.finish:
         sched.step()
     return {"ttft_s": ttft, "reused": seq.cached, "moved_gib": d.bytes_filled / 2**30,
-            "cpu_gib": d.bytes_cpu / 2**30, "streamed": d.stream_layers}
+            "cpu_gib": d.bytes_cpu / 2**30, "streamed": d.stream_layers, "passes": d.stream_passes}
 
 
 def run(runner: ModelRunner, shape: Shape, say=lambda row: None) -> list[dict]:

@@ -44,7 +44,8 @@ def row(runner: ModelRunner, mode: str, what: str, tokens: int, runs: list[float
             "budget_gib": c.n_slots * store.layout.slot_bytes / 2**30,
             "all_resident": c.n_slots >= len(store.banks) * store.n_experts,
             "ttft_s": statistics.median(runs), "ttft_runs": runs, "bound_s": bound,
-            "streamed_layers": d.stream_layers // len(runs), "moved_gib": d.bytes_filled / 2**30 / len(runs),
+            "streamed_layers": d.stream_layers // len(runs), "stream_passes": d.stream_passes // len(runs),
+            "moved_gib": d.bytes_filled / 2**30 / len(runs),
             "cpu_gib": d.bytes_cpu / 2**30 / len(runs)}
 
 

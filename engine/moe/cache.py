@@ -25,13 +25,15 @@ class CacheStats:
     bytes_filled: int = 0
     bytes_cpu: int = 0       # expert bytes the CPU read for its routes
     scan_steps: int = 0      # prefill layer steps run in scan mode (long chunks)
-    stream_layers: int = 0   # of those, layers streamed whole into a prefill buffer
+    stream_layers: int = 0   # of those, layers streamed into prefill buffers
+    stream_passes: int = 0   # the passes of those layers (one a buffered group of experts)
 
     def record(self, *, slot_bytes: int = 0, hits: int = 0, misses: int = 0, fetched: int = 0,
-               streamed: int = 0, scan: bool = False) -> None:
+               streamed: int = 0, passes: int = 0, scan: bool = False) -> None:
         """Count layer steps: `hits` and `misses` distinct demands, of which `fetched` were filled
-        over the link and the rest ran on the CPU; `streamed` experts loaded as one whole layer
-        into a prefill buffer; `scan`: one step of a long prefill chunk. slot_bytes: one expert."""
+        over the link and the rest ran on the CPU; `streamed` experts of one layer loaded into
+        prefill buffers, computed in `passes`; `scan`: one step of a long prefill chunk.
+        slot_bytes: one expert."""
         self.hits += hits
         self.misses += misses
         self.fetched += fetched
@@ -40,6 +42,7 @@ class CacheStats:
         self.bytes_cpu += (misses - fetched) * slot_bytes
         self.scan_steps += scan
         self.stream_layers += streamed > 0
+        self.stream_passes += passes
 
     def __add__(self, other: CacheStats) -> CacheStats:
         return CacheStats(*(a + b for a, b in zip(astuple(self), astuple(other))))

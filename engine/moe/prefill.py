@@ -190,7 +190,7 @@ class LayerStreamer:
         for j in range(len(self.ready[layer])):
             self.queue.append((layer, j, fetch[j * self.G:(j + 1) * self.G],
                                held.clone() if j == 0 else torch.full_like(held, -1)))
-        c.stats.record(slot_bytes=self.rt.store.layout.slot_bytes, streamed=len(fetch))
+        c.stats.record(slot_bytes=self.rt.store.layout.slot_bytes, streamed=len(fetch), passes=len(self.ready[layer]))
         self._pump()
 
     def _pump(self) -> None:
