@@ -317,9 +317,10 @@ class Scheduler:
         if ids is not None:
             batch = dataclasses.replace(batch, input_ids=ids)
         logits = self.runner.forward(batch, self.kv, wait=False)
-        for s, n in plan:  # a decode step wrote the spare slot: it holds the newest state now
-            if self.states and n == 1:
-                s.state, s.spare = s.spare, s.state
+        if self.states:  # a decode step wrote the spare slot: it holds the newest state now
+            for s, n in plan:
+                if n == 1:
+                    s.state, s.spare = s.spare, s.state
         self._attach([(plan[row][0], plan[row][0].n_cached + off, slot) for row, off, slot in inside], ends)
         samples = [ids is not None or s.pending == n for s, n in plan]
         for s, n in plan:
