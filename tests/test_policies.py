@@ -130,32 +130,33 @@ def test_probe_times_the_cpu_when_no_step_uses_it(tiny_model):
         assert qs._probe is None
 
 
-def test_a_long_chunk_gives_the_cpu_its_least_routed_misses_as_many_as_finish_with_the_link():
-    """An expert of r routes costs the CPU slot / B_H + (r - 1) * slot / B_R: the CPU takes the
-    least routed misses while that beats the link's time for the rest; without B_R, or without
-    a CPU share, every miss is fetched. A chunk's CPU job (more routes than experts) does not move
-    B_H; a decode one does."""
-    from engine.moe.qstar import BandwidthEstimator, QStar
+def test_a_prefill_chunk_splits_at_the_cpu_rate_for_its_routes():
+    """An expert of r routes costs the CPU slot / B_H + (r - 1) * slot / B_R: a chunk's q follows
+    its density (a long one fetches nearly all); without B_R a scan fetches everything and a short
+    chunk takes q*; held rates give the same; a chunk's CPU job (more routes than experts) does not
+    move B_H, a decode one does; under cpu, a scan fetches."""
+    from engine.moe.policy import MissPolicy
+    from engine.moe.qstar import QStar
     from engine.profile import route_gbps
-    slot = 10**6
-    est = BandwidthEstimator(1e9, 1e9, 1e9)  # an expert: 1 ms on the link; r ms on the CPU
-    assert est.split([1, 1, 1, 1], slot) == (2, pytest.approx(2e-3))      # decode-like: half and half
-    assert est.split([9, 1, 1, 1, 1], slot) == (3, pytest.approx(3e-3))   # the 9-route one fetched; ties fetch
-    f, t = est.split([40] * 8, slot)
-    assert f == 8 and t == pytest.approx(8e-3)                            # dearer than the link: fetch all
-    assert est.split([1, 1], slot, cpu=False) == (2, pytest.approx(2e-3))
-    assert BandwidthEstimator(1e9, 1e9).split([1, 1], slot) == (2, pytest.approx(2e-3))  # no B_R
     qs = QStar(store=type("Store", (), {"layout": type("L", (), {"slot_bytes": 1 << 22})})(), cpu=None)
-    assert qs.rates is None
-    qs.start(40.0, 60.0, online=False, b_r_gbps=600.0)
-    assert qs.rates.b_r == 600e9 and qs.estimator is None
+    assert qs.split(11.0, True) == 1.0 and qs.split(2.0, False) == 1.0     # no bandwidths: fetch
+    for online in (True, False):
+        qs.start(40.0, 60.0, online=online, b_r_gbps=600.0)
+        assert qs.split(1.0, False) == pytest.approx(0.4) == qs.value
+        assert qs.split(11.0, True) == pytest.approx(40 / 70)               # 1/60 + 10/600 = 1/30: 30 GB/s
+        assert qs.split(3.0, False) < qs.split(11.0, True) < qs.split(500.0, True) < 1
+        assert qs.split(500.0, True) > 0.85
     qs.start(40.0, 60.0)
-    job = type("Job", (), {"seconds": (8 << 22) / 1e9})()                # 8 experts at 1 GB/s
+    assert qs.split(11.0, True) == 1.0 and qs.split(3.0, False) == pytest.approx(0.4)
+    job = type("Job", (), {"seconds": (8 << 22) / 1e9})()                   # 8 experts at 1 GB/s
     qs.cpu_job(8, job, 0.0, routes=80)
     assert qs.estimator.b_h == 60e9
     qs.cpu_job(8, job, 0.0, routes=8)
     assert qs.estimator.b_h < 60e9
-    assert route_gbps(60.0, 20.0, 16) == pytest.approx(450.0)             # 1/20 = 1/60 + 15/450
+    assert route_gbps(60.0, 20.0, 16) == pytest.approx(450.0)              # 1/20 = 1/60 + 15/450
+    adaptive, cpu, fetch = (MissPolicy(n, 4, 1) for n in ("adaptive", "cpu", "fetch"))
+    assert adaptive.q(1, True, 0.3) == 0.3 and cpu.q(1, True, 0.3) == 1.0 and cpu.q(1, False, 0.3) == 0.0
+    assert fetch.q(1, True, 0.3) == 1.0
 
 
 def test_profile_json():

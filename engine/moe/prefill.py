@@ -13,20 +13,18 @@ prefill.
 
 Whether to stream the next layer follows the bandwidth model: streaming moves all m of its
 experts that are not resident, behind the compute, max(m * slot / B_P, c); fetching moves only
-the m' of them that the layer routes to, in the foreground, split with the CPU under adaptive
-(its least routed misses, as many as finish with the link: engine.moe.qstar), in t(m') + c, t
-at most m' * slot / B_P. Stream when that takes no longer, with m' and the routes estimated from
-this layer's (mode "adaptive", which needs a B_P estimate; without one it fetches). Where the CPU
-takes no share (a long chunk: hundreds of routes an expert), that is: stream when the experts
-streamed in vain hide behind the compute, (m - m') * slot / B_P <= c; and a long chunk routes to
-nearly every expert (m' ~ m), so its layers stream whenever any expert misses. A short one (an
-agent's follow-up) is fetched and split where the CPU's share pays more than the overlap. A
-chunk's first layer decides on its own routes, before
+those of them that the layer routes to, in the foreground and split with the CPU (adaptive, at the
+CPU's rate B_H(r) for r routes an expert, engine.moe.qstar), m' * slot / (B_P + B_H(r)) + c.
+Stream when that takes no longer, with m' and r estimated from this layer's routes (mode
+"adaptive", which needs a B_P estimate; without one it fetches). Where the CPU takes no share
+(B_H(r) ~ 0: a long chunk), that is: stream when the experts streamed in vain hide behind the
+compute, (m - m') * slot / B_P <= c; and a long chunk routes to nearly every expert (m' ~ m), so
+its layers stream whenever any expert misses. A short one (an agent's follow-up) is fetched and
+split where the CPU's share pays more than the overlap. A chunk's first layer decides on its own routes, before
 its step: streamed, it holds the buffers from the chunk's start, so the second layer's loads run
 behind the first layer's compute instead of after it.
 c is timed on the compute stream (CUDA events; the host clock on the CPU) from one layer step's
-end to the next, less the layer's own transfers (its fills, its wait for its CPU share, or its
-waits for streamed buffers),
+end to the next, less the layer's own transfers (its fills, or its waits for streamed buffers),
 so it is measured for every layer, streamed or not. A decision uses the newest completed
 measurement; the first layers of a chunk use the last chunk's, scaled by the chunk's tokens, and
 without any measurement a layer is fetched.
@@ -59,6 +57,13 @@ def group_size(experts: int, slots: int, link_bound: bool = False) -> int:
     ones made a 200-token follow-up stream more layers and move 1.5-2.2x the bytes.)"""
     big = next((g for g in (-(-experts // k) for k in range(1, MAX_GROUPS + 1)) if 3 * g <= slots), 0)
     return -(-experts // MAX_GROUPS) if link_bound and big == experts else big
+
+
+def route_counts(ids: torch.Tensor, n_experts: int) -> tuple[int, int]:
+    """(experts routed to, routes) of ids [T, K] (local expert ids, -1 elsewhere; on the host)."""
+    flat = ids.flatten()
+    flat = flat[flat >= 0]
+    return int((torch.bincount(flat, minlength=n_experts) > 0).sum()), flat.numel()
 
 
 class LayerStreamer:
@@ -179,13 +184,12 @@ class LayerStreamer:
             self._load(layer, held)
 
     def _routed_time(self, m: int, ids: torch.Tensor, est, compute: float) -> float:
-        """Of m experts not resident, those a layer routed like ids uses (a share m / E of its
-        routed experts, with their routes), fetched and computed on the CPU (adaptive), split as
-        the step would (engine.moe.qstar), after the compute."""
-        flat = ids.flatten()
-        counts = torch.bincount(flat[flat >= 0], minlength=self.E)
-        split = est.split(counts[counts > 0].tolist(), self.rt.store.layout.slot_bytes, self.rt.policy.name == "adaptive")
-        return m / self.E * split[1] + compute
+        """Of m experts not resident, those a layer routed like ids uses, moved over the link
+        and the CPU (at its rate for their routes; adaptive only), after the compute."""
+        routed, routes = route_counts(ids, self.E)
+        cpu = self.rt.policy.name == "adaptive" and routes <= SMALL_GROUP_ROUTES * self.E  # (as ExpertRuntime._routed)
+        b_h = est.cpu_rate(routes / max(routed, 1), True) if cpu else 0.0
+        return m * routed / self.E * self.rt.store.layout.slot_bytes / (est.b_p + b_h) + compute
 
     def _load(self, layer: int, held: torch.Tensor) -> None:
         """Queue the loads of `layer`'s experts that are not resident (held: their cache slots,

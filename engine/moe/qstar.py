@@ -7,12 +7,12 @@ graph decode that stopped sending work to the CPU. The miss policy turns q* into
 step's share (engine.moe.policy).
 
 A decode step's CPU experts take about one route each, and the CPU reads them at B_H. An expert
-of a long prefill chunk takes r routes, and the executor's time for it grows by one compute pass
-over its rows for each route after the first: slot / B_H + (r - 1) * slot / B_R, B_R measured by
-the profile beside B_H. Such a chunk's layer step gives the CPU its least routed misses, as many
-as finish with the link's share (BandwidthEstimator.split): a short follow-up turn puts a fair
-share on the CPU, a long chunk (hundreds of routes an expert) next to none; without a measured
-B_R it fetches every miss."""
+of a prefill chunk takes r routes, and the executor's time for it grows by one compute pass over
+its rows for each route after the first: slot / B_H + (r - 1) * slot / B_R, B_R measured by the
+profile beside B_H. So a chunk's split uses the CPU's rate at its own density, which for a long
+chunk (hundreds of routes an expert) is next to nothing, and without a measured B_R a chunk of
+more than engine.moe.runtime.SHORT_ROUTES_PER_EXPERT routes an expert of its layer (a scan)
+fetches every miss."""
 from __future__ import annotations
 
 import random
@@ -49,23 +49,13 @@ class BandwidthEstimator:
     def q_star(self) -> float:
         return self.b_p / (self.b_p + self.b_h)
 
-    def split(self, counts: list[int], slot: int, cpu: bool = True) -> tuple[int, float]:
-        """Misses of one layer step, counts = their routes: (how many to fetch, the seconds of the
-        slower side). The CPU takes the least routed (an expert of r routes costs it slot / B_H +
-        (r - 1) * slot / B_R), the link the rest, as many as makes the slower side fastest (ties
-        fetch). cpu False, or B_R not known: fetch them all."""
-        m = len(counts)
-        if not cpu or not self.b_r:
-            return m, m * slot / self.b_p
-        cost = sorted((slot / self.b_h + (r - 1) * slot / self.b_r for r in counts), reverse=True)
-        best, left = (0, float("inf")), sum(cost)  # left: the CPU's time for misses f.. (most routed first)
-        for f in range(m + 1):
-            t = max(f * slot / self.b_p, left)
-            if t <= best[1]:
-                best = (f, t)
-            if f < m:
-                left -= cost[f]
-        return best
+    def cpu_rate(self, routes: float, scan: bool) -> float:
+        """The CPU's rate (bytes / s) for experts of `routes` routes each; for a scan chunk 0
+        where B_R is not known (fetch every miss)."""
+        if not self.b_r:
+            return 0.0 if scan else self.b_h
+        return 1 / (1 / self.b_h + max(routes - 1, 0) / self.b_r)
+
 
 class QStar:
     """The current q* (`value`) of one expert runtime; store: the host expert store (expert bytes,
@@ -104,6 +94,15 @@ class QStar:
     def rates(self) -> BandwidthEstimator | None:
         """The bandwidths q* is taken from (online or held); None: none given."""
         return self.estimator or (self._start[0] if self._start else None)
+
+    def split(self, routes: float, scan: bool) -> float:
+        """q for a prefill chunk's layer step whose experts take `routes` routes each on average;
+        scan: a long chunk (see the module's note)."""
+        est = self.rates
+        if est is None:
+            return 1.0 if scan else self.value
+        b_h = est.cpu_rate(routes, scan)
+        return est.b_p / (est.b_p + b_h) if b_h else 1.0
 
     @property
     def _slot(self) -> int:
