@@ -5,8 +5,7 @@ per quantized format and never carried over from bf16; bandwidths count the form
 which is what q* splits). B_P = pinned
 host-to-device expert fills into a slot pool; B_H = the CPU expert executor at batch 1 over a
 working set larger than the CPU caches; both again while running concurrently (they share host
-memory); B_R = the executor's rate for each route of an expert after its first (a prefill
-chunk's: engine.moe.qstar), from the same experts at ROUTES routes each; plus two ceilings, a STREAM-like host read and a linear pinned copy. The CPU expert thread
+memory); plus two ceilings, a STREAM-like host read and a linear pinned copy. The CPU expert thread
 count is the fastest of a sweep, measured beside busy stand-ins for the engine's host threads,
 and becomes the engine's default. Saved per machine and format in the user cache directory."""
 from __future__ import annotations
@@ -31,7 +30,6 @@ from kernels.quant import FORMATS, quantize
 GB = 1e9
 EXPERT = (2048, 768)  # hidden, moe_intermediate of Qwen3-30B-A3B: 9.4 MB bf16 experts
 GROUP = 128           # values a scale covers in the quantized formats (mxfp4: 32 by definition)
-ROUTES = 16           # routes an expert at which B_R is measured (a follow-up turn has ~10)
 
 
 def machine() -> dict:
@@ -119,6 +117,7 @@ class Bench:
             self.pool = torch.empty(8, self.layout.slot_bytes, dtype=torch.uint8, device="cuda")
         self.cpu = None
         self.x = torch.randn(1, EXPERT[0], dtype=torch.bfloat16)
+        self.out = torch.empty(1, EXPERT[0], dtype=torch.float32)
 
     def use_threads(self, threads: int | None) -> None:
         """The CPU executor from now on: `threads` workers (None: its default)."""
@@ -139,18 +138,16 @@ class Bench:
                 stream.synchronize()
         return i * self.layout.slot_bytes / (time.perf_counter() - t0) / GB
 
-    def cpu_experts(self, seconds: float, stop: threading.Event | None = None, routes: int = 1) -> float:
-        """Batch-1 steps of 8 distinct experts cycling through the bank (routes > 1: that many
-        tokens, each routed to the same 8); GB/s of expert bytes over the executor's own time,
-        submit to retire (the engine drives it from C++, so the Python loop's own time between
-        steps is not counted)."""
+    def cpu_experts(self, seconds: float, stop: threading.Event | None = None) -> float:
+        """Batch-1 steps of 8 distinct experts cycling through the bank; GB/s of expert bytes
+        over the executor's own time, submit to retire (the engine drives it from C++, so the
+        Python loop's own time between steps is not counted)."""
         n, i, k, busy = self.bank.shape[0], 0, 8, 0.0
-        w = torch.full((routes, k), 1.0 / k)
-        x, out = self.x.expand(routes, -1).contiguous(), torch.empty(routes, EXPERT[0])
+        w = torch.full((1, k), 1.0 / k)
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
-            ids = (torch.arange(k) + i).remainder(n).expand(routes, k).int().contiguous()
-            job = self.cpu.submit(x, self.views["gate_up"], self.views["down"], ids, w, out)
+            ids = (torch.arange(k) + i).remainder(n).view(1, k).int()
+            job = self.cpu.submit(self.x, self.views["gate_up"], self.views["down"], ids, w, self.out)
             job.wait()
             busy, i = busy + job.seconds, i + k
         return i * self.layout.slot_bytes / busy / GB
@@ -162,14 +159,6 @@ class Bench:
         res["cpu"] = self.cpu_experts(seconds)
         t.join()
         return res["h2d"], res["cpu"]
-
-
-def route_gbps(b_h: float, b_routes: float, routes: int = ROUTES) -> float:
-    """B_R from the executor's rates at one route an expert (b_h) and at `routes` (b_routes):
-    an expert's time slot / b_routes = slot / b_h + (routes - 1) * slot / B_R. (Routes that
-    cost nothing measurable: a rate that makes them so.)"""
-    extra = 1 / b_routes - 1 / b_h
-    return (routes - 1) / extra if extra > 0 else 1e6
 
 
 def stream_read_gbps(nbytes: int = 1 << 30, repeats: int = 3) -> float:
@@ -257,7 +246,6 @@ def measure(quick: bool = False, threads: int | None = None, fmt: str = "bfloat1
     res = {"machine": machine(), "quick": quick, "format": fmt, "cpu_threads": b.cpu.threads,
            "cpu_backend": b.cpu.backend, "expert_bytes": b.layout.slot_bytes, "thread_sweep": sweep}
     res["cpu_expert_gbps"] = median_run(lambda: b.cpu_experts(secs), reps)
-    res["cpu_route_gbps"] = route_gbps(res["cpu_expert_gbps"], median_run(lambda: b.cpu_experts(secs, routes=ROUTES), reps))
     res["h2d_gbps"] = median_run(lambda: b.h2d(secs), reps) if cuda else None
     if cuda:
         res["h2d_concurrent_gbps"], res["cpu_expert_concurrent_gbps"] = median_run(lambda: b.concurrent(secs), reps, key=sum)

@@ -38,11 +38,9 @@ def _table(res: dict, saved: Path) -> None:
     t.add_column("GB/s", justify="right")
     rows = [("B_P  pinned expert fills (H2D)", "h2d_gbps"), ("B_H  CPU expert executor, batch 1", "cpu_expert_gbps"),
             ("B_P  while the CPU runs", "h2d_concurrent_gbps"), ("B_H  while fills run", "cpu_expert_concurrent_gbps"),
-            ("B_R  CPU, each further route of an expert", "cpu_route_gbps"),
             ("ceiling: host read (STREAM-like)", "stream_read_gbps"), ("ceiling: linear pinned H2D", "linear_h2d_gbps")]
     for label, key in rows:
-        if key in res:  # (a profile saved before B_R was measured has none)
-            t.add_row(label, "n/a (no CUDA)" if res[key] is None else f"{res[key]:.1f}")
+        t.add_row(label, "n/a (no CUDA)" if res[key] is None else f"{res[key]:.1f}")
     m = res["machine"]
     con = Console()
     con.print(t)

@@ -200,7 +200,7 @@ def recurs(seen: int, clock: int, n_layers: int) -> bool:
 
 def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
          owner_of: torch.Tensor, last_use: torch.Tensor, seen: torch.Tensor, clock: int,
-         q: float, cold: bool = False, n_fetch: int | None = None):
+         q: float, cold: bool = False):
     """One MoE layer step of expert-cache control; updates the tables in place.
 
     ids [T, K] expert ids of this layer (-1: a route computed elsewhere, e.g. by another rank,
@@ -211,9 +211,7 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     this step owns and that are not reserved (last_use at its maximum: prefill buffers), and
     returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert ids [F] within the
     layer, hits, misses). With cold, the fills enter as least recently used
-    (a long prefill scans through a few cold slots instead of evicting the decode working set),
-    and the misses are fetched most routed first, whatever their recency (the CPU takes the
-    least routed); n_fetch, if given, is F (a prefill chunk's split, engine.moe.qstar).
+    (a long prefill scans through a few cold slots instead of evicting the decode working set).
     """
     mine = ids.reshape(-1) >= 0
     flat = ids.reshape(-1) + layer * n_experts
@@ -222,14 +220,12 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     hit = slots >= 0
     miss, mcount = uniq[~hit], counts[~hit]
     order = torch.argsort(-mcount, stable=True)
-    if not cold:
-        order = order[torch.argsort(-seen[miss[order]], stable=True)]
+    order = order[torch.argsort(-seen[miss[order]], stable=True)]
     miss = miss[order]
     protect = last_use == torch.iinfo(last_use.dtype).max  # reserved (prefill buffers)
     protect[slots[hit]] = True
     recurring = any(recurs(int(t), clock, slot_of.numel() // n_experts) for t in seen[miss])
-    f = min(split_fetch(miss.numel(), q, recurring) if n_fetch is None else min(n_fetch, miss.numel()),
-            int((~protect).sum()))
+    f = min(split_fetch(miss.numel(), q, recurring), int((~protect).sum()))
     victims = torch.argsort(last_use.masked_fill(protect, torch.iinfo(last_use.dtype).max), stable=True)[:f]
     fetch = miss[:f]
     old = owner_of[victims]

@@ -3,9 +3,8 @@ step's misses fetched into the cache (the rest run on the CPU from host memory).
 
 adaptive: q = q* = B_P / (B_P + B_H) (engine.moe.qstar); fetch: q = 1; cpu: q = 0 (hits still
 run from the cache); static:N: the experts of the first N MoE layers always run on the CPU
-(never cached), the other layers fetch. Prefill chunks split like decode under adaptive, at the
-CPU's rate for their routes an expert (QStar.split: long chunks fetch nearly everything); under
-cpu, long ones (scan mode, see ExpertRuntime.forward) fetch (q = 1) except in static CPU layers."""
+(never cached), the other layers fetch. Long prefill chunks (scan mode, see ExpertRuntime.forward)
+fetch (q = 1) except in static CPU layers; short ones split like decode."""
 from __future__ import annotations
 
 from engine.config import parse_policy
@@ -21,14 +20,12 @@ class MissPolicy:
 
     def q(self, layer: int, scan: bool, q_star: float) -> float:
         """The fetched share of a layer step's misses; scan = a long prefill chunk; q_star: the
-        split for this step (engine.moe.qstar: q*, or a prefill chunk's QStar.split)."""
+        current q* (engine.moe.qstar)."""
         if layer < self.static_layers:
             return 0.0
-        if self.name == "fetch" or self.static_layers:
+        if scan or self.name == "fetch" or self.static_layers:
             return 1.0
-        if self.name == "cpu":
-            return 1.0 if scan else 0.0
-        return q_star
+        return 0.0 if self.name == "cpu" else q_star
 
     def may_cpu(self, layer: int) -> bool:
         """Whether a decode step of this layer can ever send a miss to the CPU (graph capture

@@ -13,14 +13,11 @@ prefill.
 
 Whether to stream the next layer follows the bandwidth model: streaming moves all m of its
 experts that are not resident, behind the compute, max(m * slot / B_P, c); fetching moves only
-those of them that the layer routes to, in the foreground and split with the CPU (adaptive, at the
-CPU's rate B_H(r) for r routes an expert, engine.moe.qstar), m' * slot / (B_P + B_H(r)) + c.
-Stream when that takes no longer, with m' and r estimated from this layer's routes (mode
-"adaptive", which needs a B_P estimate; without one it fetches). Where the CPU takes no share
-(B_H(r) ~ 0: a long chunk), that is: stream when the experts streamed in vain hide behind the
-compute, (m - m') * slot / B_P <= c; and a long chunk routes to nearly every expert (m' ~ m), so
-its layers stream whenever any expert misses. A short one (an agent's follow-up) is fetched and
-split where the CPU's share pays more than the overlap. A chunk's first layer decides on its own routes, before
+those of them that the layer routes to, in the foreground, m' * slot / B_P + c. Stream when the
+experts streamed in vain hide behind the compute of one layer, (m - m') * slot / B_P <= c, with
+m' estimated from this layer's share of routed experts (mode "adaptive", which needs a B_P
+estimate; without one it fetches). A long chunk routes to nearly every expert (m' ~ m), so its
+layers stream whenever any expert misses. A chunk's first layer decides on its own routes, before
 its step: streamed, it holds the buffers from the chunk's start, so the second layer's loads run
 behind the first layer's compute instead of after it.
 c is timed on the compute stream (CUDA events; the host clock on the CPU) from one layer step's
@@ -57,13 +54,6 @@ def group_size(experts: int, slots: int, link_bound: bool = False) -> int:
     ones made a 200-token follow-up stream more layers and move 1.5-2.2x the bytes.)"""
     big = next((g for g in (-(-experts // k) for k in range(1, MAX_GROUPS + 1)) if 3 * g <= slots), 0)
     return -(-experts // MAX_GROUPS) if link_bound and big == experts else big
-
-
-def route_counts(ids: torch.Tensor, n_experts: int) -> tuple[int, int]:
-    """(experts routed to, routes) of ids [T, K] (local expert ids, -1 elsewhere; on the host)."""
-    flat = ids.flatten()
-    flat = flat[flat >= 0]
-    return int((torch.bincount(flat, minlength=n_experts) > 0).sum()), flat.numel()
 
 
 class LayerStreamer:
@@ -173,23 +163,20 @@ class LayerStreamer:
         self.start = self._mark()
 
     def _decide(self, layer: int, ids: torch.Tensor, held: torch.Tensor, compute: float) -> None:
-        """Stream `layer` (held: its experts' cache slots, -1 not resident) if that takes no
-        longer than fetching the experts that routes like ids use, split with the CPU (see the
-        module's note)."""
+        """Stream `layer` (held: its experts' cache slots, -1 not resident) if the experts it
+        would move in vain, for routes like ids, take no longer on the link than `compute`."""
         est = self.rt.qstar.estimator
+        b_p = est.b_p if est else 0.0  # 0: no link estimate, fetch
         m = int((held < 0).sum())
-        if self.mode == "stream" or (m > 0 and est and est.b_p > 0 and
-                                     max(m * self.rt.store.layout.slot_bytes / est.b_p, compute)
-                                     <= self._routed_time(m, ids, est, compute) * (1 + 1e-9)):
+        if self.mode == "stream" or (m > 0 and b_p > 0 and self._in_vain(m, ids) * self.rt.store.layout.slot_bytes
+                                     / b_p <= compute):
             self._load(layer, held)
 
-    def _routed_time(self, m: int, ids: torch.Tensor, est, compute: float) -> float:
-        """Of m experts not resident, those a layer routed like ids uses, moved over the link
-        and the CPU (at its rate for their routes; adaptive only), after the compute."""
-        routed, routes = route_counts(ids, self.E)
-        cpu = self.rt.policy.name == "adaptive" and routes <= SMALL_GROUP_ROUTES * self.E  # (as ExpertRuntime._routed)
-        b_h = est.cpu_rate(routes / max(routed, 1), True) if cpu else 0.0
-        return m * routed / self.E * self.rt.store.layout.slot_bytes / (est.b_p + b_h) + compute
+    def _in_vain(self, m: int, ids: torch.Tensor) -> float:
+        """Of m experts not resident, how many a layer routed like ids would not use."""
+        flat = ids.flatten()
+        routed = int((torch.bincount(flat[flat >= 0], minlength=self.E) > 0).sum())
+        return m * (1 - routed / self.E)
 
     def _load(self, layer: int, held: torch.Tensor) -> None:
         """Queue the loads of `layer`'s experts that are not resident (held: their cache slots,

@@ -4,15 +4,7 @@ starts from (a machine profile, engine.profile), online estimates fed by the run
 timings (fills by CUDA events or the host clock, CPU jobs by the workers' clock, both from the
 poller in graph mode), so that q* follows contention from other programs, and a CPU probe for
 graph decode that stopped sending work to the CPU. The miss policy turns q* into each layer
-step's share (engine.moe.policy).
-
-A decode step's CPU experts take about one route each, and the CPU reads them at B_H. An expert
-of a prefill chunk takes r routes, and the executor's time for it grows by one compute pass over
-its rows for each route after the first: slot / B_H + (r - 1) * slot / B_R, B_R measured by the
-profile beside B_H. So a chunk's split uses the CPU's rate at its own density, which for a long
-chunk (hundreds of routes an expert) is next to nothing, and without a measured B_R a chunk of
-more than engine.moe.runtime.SHORT_ROUTES_PER_EXPERT routes an expert of its layer (a scan)
-fetches every miss."""
+step's share (engine.moe.policy)."""
 from __future__ import annotations
 
 import random
@@ -27,11 +19,10 @@ PROBE_STEPS = 16
 
 
 class BandwidthEstimator:
-    """Smoothed B_P and B_H (bytes / s) from the bytes and seconds of fills and CPU expert jobs;
-    B_R (bytes / s, 0: not measured), the CPU's rate of each route of an expert after its first."""
+    """Smoothed B_P and B_H (bytes / s) from the bytes and seconds of fills and CPU expert jobs."""
 
-    def __init__(self, b_p: float, b_h: float, b_r: float = 0.0, alpha: float = 0.1, min_bytes: int = 1 << 20):
-        self.b_p, self.b_h, self.b_r = b_p, b_h, b_r  # bytes / s
+    def __init__(self, b_p: float, b_h: float, alpha: float = 0.1, min_bytes: int = 1 << 20):
+        self.b_p, self.b_h = b_p, b_h            # bytes / s
         self.alpha, self.min_bytes = alpha, min_bytes
 
     def _ema(self, old: float, nbytes: int, seconds: float) -> float:
@@ -49,13 +40,6 @@ class BandwidthEstimator:
     def q_star(self) -> float:
         return self.b_p / (self.b_p + self.b_h)
 
-    def cpu_rate(self, routes: float, scan: bool) -> float:
-        """The CPU's rate (bytes / s) for experts of `routes` routes each; for a scan chunk 0
-        where B_R is not known (fetch every miss)."""
-        if not self.b_r:
-            return 0.0 if scan else self.b_h
-        return 1 / (1 / self.b_h + max(routes - 1, 0) / self.b_r)
-
 
 class QStar:
     """The current q* (`value`) of one expert runtime; store: the host expert store (expert bytes,
@@ -69,10 +53,9 @@ class QStar:
         self._pending_fill = None  # (start event, end event, bytes) of a CUDA fill, folded in once complete
         self._probe, self._idle = None, 0  # a CPU probe job in flight; graph steps without a CPU job
 
-    def start(self, b_p_gbps: float, b_h_gbps: float, online: bool = True, b_r_gbps: float = 0.0) -> None:
-        """Start from B_P, B_H (and B_R: 0, not known) in GB/s; online: B_P and B_H re-estimated
-        from the engine's own timings."""
-        est = BandwidthEstimator(b_p_gbps * 1e9, b_h_gbps * 1e9, b_r_gbps * 1e9)
+    def start(self, b_p_gbps: float, b_h_gbps: float, online: bool = True) -> None:
+        """Start from B_P and B_H in GB/s; online: re-estimated from the engine's own timings."""
+        est = BandwidthEstimator(b_p_gbps * 1e9, b_h_gbps * 1e9)
         self._start = (est, est.q_star)
         self.follow(online)
 
@@ -80,29 +63,15 @@ class QStar:
         """Start from a machine profile (engine.profile): the bandwidths measured with both sides
         running (concurrent; a decode step splits so), or each side alone. No B_P measured (no
         GPU): 1 B/s, not 0, so that recurring misses are still fetched and their fills teach B_P
-        (at q* = 0 nothing is ever fetched). A profile without B_R: scan chunks fetch."""
+        (at q* = 0 nothing is ever fetched)."""
         p, h = ("h2d_concurrent_gbps", "cpu_expert_concurrent_gbps") if concurrent else ("h2d_gbps", "cpu_expert_gbps")
-        self.start(prof[p] or 1e-9, prof[h], b_r_gbps=prof.get("cpu_route_gbps") or 0.0)
+        self.start(prof[p] or 1e-9, prof[h])
 
     def follow(self, online: bool) -> None:
         """Switch between q* re-estimated online (resuming the estimates) and q* held at start()'s."""
         est, q0 = self._start
         self.estimator = est if online else None
         self.value = est.q_star if online else q0
-
-    @property
-    def rates(self) -> BandwidthEstimator | None:
-        """The bandwidths q* is taken from (online or held); None: none given."""
-        return self.estimator or (self._start[0] if self._start else None)
-
-    def split(self, routes: float, scan: bool) -> float:
-        """q for a prefill chunk's layer step whose experts take `routes` routes each on average;
-        scan: a long chunk (see the module's note)."""
-        est = self.rates
-        if est is None:
-            return 1.0 if scan else self.value
-        b_h = est.cpu_rate(routes, scan)
-        return est.b_p / (est.b_p + b_h) if b_h else 1.0
 
     @property
     def _slot(self) -> int:
@@ -125,11 +94,10 @@ class QStar:
             yield
             self.estimator.fill(nbytes, time.perf_counter() - t0)
 
-    def cpu_job(self, experts: int, fut, t0: float, routes: int = 0) -> None:
+    def cpu_job(self, experts: int, fut, t0: float) -> None:
         """Fold a finished CPU job over `experts` experts into B_H: the workers' own time, else
-        the host clock since its submit at t0. A job of more routes than experts (a prefill
-        chunk's) is not: its time is mostly the routes' compute, which B_R models."""
-        if self.estimator and routes <= experts:
+        the host clock since its submit at t0."""
+        if self.estimator:
             self.estimator.cpu(experts * self._slot, getattr(fut, "seconds", None) or time.perf_counter() - t0)
 
     def update(self) -> None:

@@ -13,7 +13,7 @@ import torch
 from engine.moe.cache import ExpertCache
 from engine.moe.layout import expert_bias
 from engine.moe.policy import MissPolicy
-from engine.moe.prefill import SMALL_GROUP_ROUTES, LayerStreamer, route_counts
+from engine.moe.prefill import LayerStreamer
 from engine.moe.qstar import QStar
 from engine.moe.store import HostExpertStore
 from kernels import ref
@@ -122,7 +122,7 @@ class ExpertRuntime:
                 routes = self.run_cached(x, torch.where(ids < 0, -1, slots[ids]), weights, reduce=False, routes=routes)
             out = routes.sum(1)
         else:
-            out, ahead = self._routed(layer, x, ids_h, weights, prefill, scan)
+            out, ahead = self._routed(layer, x, ids_h, weights, scan)
         if scan:
             st.maybe_prefetch(layer + 1, ids_h, ahead)
             if layer == len(self.store.banks) - 1 and st.active:
@@ -150,19 +150,12 @@ class ExpertRuntime:
         else:
             self.cache.stats.record(hits=int(n))
 
-    def _routed(self, layer: int, x: torch.Tensor, ids_h: torch.Tensor, weights: torch.Tensor, prefill: bool,
-                scan: bool):
+    def _routed(self, layer: int, x: torch.Tensor, ids_h: torch.Tensor, weights: torch.Tensor, scan: bool):
         """Plan against the cache, fill the fetched misses, run the CPU misses concurrently, merge.
-        A prefill chunk splits at the CPU's rate for its routes an expert (QStar.split).
         -> (out [T, H] float32, the next layer's residency after the plan (_ahead))."""
         c = self.cache
-        if prefill:
-            routed, routes = route_counts(ids_h, c.n_experts)
-            q = self.qstar.split(routes / max(routed, 1), scan) if routes <= SMALL_GROUP_ROUTES * c.n_experts else 1.0
-        else:
-            q = self.qstar.value
-        route, victims, fetch, hits, misses = c.tables.plan(ids_h, layer * c.n_experts, self.policy.q(layer, scan, q),
-                                                            cold=scan)
+        route, victims, fetch, hits, misses = c.tables.plan(ids_h, layer * c.n_experts,
+                                                            self.policy.q(layer, scan, self.qstar.value), cold=scan)
         ahead = self._ahead(layer) if scan else None  # read at the plan's sync, before any work is queued
         route = route.view(ids_h.shape)
         cpu_ids = torch.where(route < 0, ids_h, -1)
@@ -186,9 +179,8 @@ class ExpertRuntime:
             out = self.run_cached(x, route_d, weights)
         if job is not None:
             fut, out_h, t0 = job
-            with self.streamer.transfer() if scan and self.streamer.active else nullcontext():
-                fut.wait()  # (not the layer's compute)
-            self.qstar.cpu_job(n_cpu, fut, t0, int((cpu_ids >= 0).sum()))
+            fut.wait()
+            self.qstar.cpu_job(n_cpu, fut, t0)
             out += out_h.to(x.device, non_blocking=True)
         return out, ahead
 

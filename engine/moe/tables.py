@@ -24,7 +24,7 @@ class ResidencyTables(Protocol):
     def install_block(self, slot: int, flat: int, n: int) -> None:
         """Slots slot..slot+n hold flat ids flat..flat+n."""
 
-    def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False, n_fetch: int | None = None) -> tuple:
+    def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False) -> tuple:
         """One layer step (see HostTables.plan) -> (route slots [T*K] (a CPU tensor) with -1 =
         CPU, victim slots, fetched expert ids, hits, misses)."""
 
@@ -119,21 +119,18 @@ class HostTables:
     def resident(self, base: int, n: int) -> torch.Tensor:
         return torch.tensor(self.slot_of[base:base + n], dtype=torch.int64)
 
-    def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False, n_fetch: int | None = None):
+    def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False):
         """ids [T, K] (CPU) expert ids of the layer whose flat ids start at `base` (-1: routed
         elsewhere) -> (route slots [T*K] with -1 = CPU or elsewhere, victim slots, fetched expert
-        ids, hits, misses). cold: the fills enter as least recently used, the most routed misses
-        fetched first; n_fetch: how many (see kernels.ref.plan)."""
+        ids, hits, misses). cold: the fills enter as least recently used (see kernels.ref.plan)."""
         self.clock += 1
         experts, routes = distinct(ids)
         uniq = [base + e for e in experts.tolist()]
         counts = dict(zip(uniq, routes))
         hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
-        misses = sorted((f for f in uniq if self.slot_of[f] < 0),
-                        key=lambda f: (0 if cold else -self.seen[f], -counts[f], f))
+        misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
         recurring = any(ref.recurs(self.seen[f], self.clock, self.n_layers) for f in misses)
-        n = min(ref.split_fetch(len(misses), q, recurring) if n_fetch is None else min(n_fetch, len(misses)),
-                len(self.lru) - len(hit_slots))  # not the reserved
+        n = min(ref.split_fetch(len(misses), q, recurring), len(self.lru) - len(hit_slots))  # not the reserved
         victims = []
         for s in self.lru:
             if len(victims) == n:
@@ -185,11 +182,11 @@ class DeviceTables:
         self.slot_of[flat:flat + n] = torch.arange(slot, slot + n, device=dev)
         self.owner_of[slot:slot + n] = torch.arange(flat, flat + n, device=dev)
 
-    def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False, n_fetch: int | None = None):
+    def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False):
         clock = int(self.clock) + 1
         self.clock.fill_(clock)
         route, vic, fetch, hits, misses = ref.plan(ids.to(self.slot_of.device), base // self.n_experts,
-                                                   self.n_experts, *self.tensors, clock, q, cold, n_fetch)
+                                                   self.n_experts, *self.tensors, clock, q, cold)
         return route.flatten().cpu(), vic.tolist(), fetch.tolist(), hits, misses
 
     def reserve(self, n: int) -> list[int]:
