@@ -41,8 +41,7 @@ namespace {
 // Weight formats (cpu_executor.py mirrors the codes); E8M0 only names mxfp4's scale type.
 enum Fmt { F32 = 0, BF16 = 1, F16 = 2, INT4 = 3, INT8 = 4, FP8 = 5, MXFP4 = 6, E8M0 = 7 };
 // Kernel families. DP_BF16: bf16 weights AND bf16 activations; AVX512: quantized weights only;
-// AVX512_BF16Q: quantized weights, int4, mxfp4, int8 and fp8 through the BF16 dot products where
-// their blocks hold whole steps (else as AVX512).
+// AVX512_BF16Q: quantized weights, int4 and mxfp4 through the BF16 dot products (else as AVX512).
 enum Mode { DP_BF16 = 0, AVX2 = 1, SCALAR = 2, AVX512 = 3, AVX512_BF16Q = 4 };
 // How a kernel reads its activation rows (x, h) of n elements: fp32; bf16; BF16X2: each value v
 // as two bf16, hi = bf16(v) in the row's first n elements and lo = bf16(v - hi) in the next n,
@@ -472,74 +471,6 @@ void rows(const Row& w, const void* const* x, int nx, float* out) {
 }
 
 template <int F> const Kernel kernel{rows<F, true>, kChunk, A_BF16X2, rows<F, false>};
-
-// int8 and fp8 rows the same way, in plain column order: 32 codes at a time widened to bf16
-// exactly (an int8 code minus its zero point has at most 8 significant bits, an e4m3 value 4),
-// through fp32, once for all NR activation rows; each row's dots then take one VDPBF16PS per 32
-// columns (two with lo halves), where the fp32 path takes two FMAs and the dequantization.
-inline bool fits8(int F, int bk) { return (F == INT8 || F == FP8) && bk % 64 == 0; }
-
-template <int F>
-inline __m512i bytes_bf16(const uint8_t* q, __m512i zw) {  // bf16 of code_value, 32 codes
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  __m512 lo, hi;
-  if constexpr (F == INT8) {
-    const __m512i c = _mm512_sub_epi16(_mm512_cvtepu8_epi16(b), zw);
-    lo = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(c)));
-    hi = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(c, 1)));
-  } else {  // e4m3 -> the fp16 of code_value (see V256::dequant)
-    const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(b), 7), _mm512_set1_epi16(short(0xBF80)));
-    lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-    hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-  }
-  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-}
-
-template <int F, int NR, bool LO>
-void qrow8(const Row& w, const uint16_t* const* xr, float* out) {
-  const int K = w.K, bk = w.bk, ns = K / bk, nv = ns * bk;
-  const uint16_t* x[NR];
-  __m512 acc[NR];
-  for (int r = 0; r < NR; ++r) x[r] = xr[r], acc[r] = _mm512_setzero_ps();
-  const uint8_t* q = w.q;
-  for (int g = 0; g < ns; ++g) {
-    const __m512i zw = _mm512_set1_epi16(F == INT8 ? short(w.z[g]) : short(0));
-    __m512 p[NR][LO ? 4 : 2];  // hi . columns 0-31 of a step, hi . 32-63, lo . 0-31, lo . 32-63
-    for (int r = 0; r < NR; ++r)
-      for (auto& v : p[r]) v = _mm512_setzero_ps();
-    for (int i = 0; i < bk; i += 64, q += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(q) + 4096, _MM_HINT_T0);  // see dot_avx2
-      const __m512i wa = bytes_bf16<F>(q, zw), wb = bytes_bf16<F>(q + 32, zw);
-      for (int r = 0; r < NR; ++r) {
-        const uint16_t* xk = x[r] + g * bk + i;
-        p[r][0] = dp(p[r][0], wa, xk), p[r][1] = dp(p[r][1], wb, xk + 32);
-        if constexpr (LO) p[r][2] = dp(p[r][2], wa, xk + K), p[r][3] = dp(p[r][3], wb, xk + K + 32);
-      }
-    }
-    const __m512 sv = _mm512_set1_ps(block_scale<F>(w, g));
-    for (int r = 0; r < NR; ++r) {
-      __m512 t = _mm512_add_ps(p[r][0], p[r][1]);
-      if constexpr (LO) t = _mm512_add_ps(t, _mm512_add_ps(p[r][2], p[r][3]));
-      acc[r] = _mm512_fmadd_ps(t, sv, acc[r]);
-    }
-  }
-  for (int r = 0; r < NR; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
-  for (int k = nv; k < K; ++k) {  // a last block short of bk
-    const float v = code_value<F>(w.q, k, F == INT8 ? float(w.z[k / bk]) : 0.f) * block_scale<F>(w, k / bk);
-    for (int r = 0; r < NR; ++r) out[r] += v * (bf2f(x[r][k]) + (LO ? bf2f(x[r][K + k]) : 0.f));
-  }
-}
-
-template <int F, bool LO>
-void rows8(const Row& w, const void* const* x, int nx, float* out) {
-  auto xh = reinterpret_cast<const uint16_t* const*>(x);
-  int i = 0;
-  for (; i + 4 <= nx; i += 4) qrow8<F, 4, LO>(w, xh + i, out + i);
-  for (; i + 2 <= nx; i += 2) qrow8<F, 2, LO>(w, xh + i, out + i);
-  if (i < nx) qrow8<F, 1, LO>(w, xh + i, out + i);
-}
-
-template <int F> const Kernel kernel8{rows8<F, true>, 0, A_BF16X2, rows8<F, false>};
 }  // namespace bf16q
 #pragma GCC pop_options
 
@@ -557,8 +488,6 @@ Kernel kernel(int mode, const Mat& m) {
   if (m.fmt >= INT4) {
     if (mode == AVX512_BF16Q && bf16q::fits(m.fmt, m.bk))
       return m.fmt == INT4 ? bf16q::kernel<INT4> : bf16q::kernel<MXFP4>;
-    if (mode == AVX512_BF16Q && bf16q::fits8(m.fmt, m.bk))
-      return m.fmt == INT8 ? bf16q::kernel8<INT8> : bf16q::kernel8<FP8>;
     static const Kernel* paths[3] = {avx512::qkernels, avx2::qkernels, scalar::qkernels};
     for (int p = mode >= AVX512 ? 0 : mode == AVX2 ? 1 : mode == SCALAR ? 2 : 3; p < 3; ++p) {
       const Kernel& k = paths[p][m.fmt - INT4];
@@ -780,7 +709,7 @@ void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, cons
     J->kgu = kernel(mode, *gu), J->kd = kernel(mode, *dn);
     if (!J->kgu.fn || !J->kd.fn) return nullptr;
     J->xsz = act_bytes(J->kgu.act), J->hsz = act_bytes(J->kd.act), J->hact = J->kd.act;
-    if (J->kgu.chunk || J->kgu.act == A_BF16X2) {  // fp32 x, for a quantized kernel's order or layout
+    if (J->kgu.chunk) {  // fp32 x (the chunked kernels are quantized ones)
       J->xp.reset(new char[size_t(T) * H * J->xsz]);
       for (int t = 0; t < T; ++t)
         for (int k = 0; k < H; ++k)
