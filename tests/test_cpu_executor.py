@@ -405,7 +405,7 @@ def test_quantized_matches_reference(ex, fmt, symmetric, T, K):
 
 @pytest.mark.parametrize("backend", ["avx512", "avx2_fma", "scalar"])  # the slower paths, forced
 @pytest.mark.parametrize("fmt,symmetric", QFORMATS)
-@pytest.mark.parametrize("T,K", [(1, 8), (17, 2)])
+@pytest.mark.parametrize("T,K", [(1, 8), (17, 2), (17, 8)])  # (17, 8): ~6 routes an expert, rows four at a time
 def test_quantized_forced_paths_match_reference(pools, backend, fmt, symmetric, T, K):
     if backend not in pools:
         pytest.skip(f"{backend} path not usable on this machine")
