@@ -78,18 +78,23 @@ def test_matches_reference(ex, dtype, tol, T, K):
     check_parity(ex, dtype, tol, T, K)
 
 
-@pytest.mark.parametrize("fmt,group", [("bf16", 0), ("int4", 64), ("mxfp4", 32)])
-def test_a_token_gets_the_same_bits_alone_and_among_many(ex, fmt, group):
-    """The row kernels take several routes of an expert at once (blocks of 4, 2 and 1): each
-    token's output is exactly what a job of that token alone gives."""
+@pytest.mark.parametrize("backend", [None, "avx512", "avx2_fma", "scalar"])  # None: this CPU's fastest
+@pytest.mark.parametrize("fmt,group", [("bf16", 0), ("int4", 64), ("mxfp4", 32), ("int8", 64), ("fp8", 64)])
+def test_a_token_gets_the_same_bits_alone_and_among_many(ex, pools, backend, fmt, group):
+    """The row kernels take several routes of an expert at once (blocks of 4, 2 and 1), on every
+    path: each token's output is exactly what a job of that token alone gives (the quantized rows
+    once summed in two chains among others and four alone)."""
+    if backend is not None and backend not in pools:
+        pytest.skip(f"{backend} path not usable on this machine")
+    e = ex if backend is None else pools[backend]
     H, I = (200, 72) if fmt == "bf16" else (256, 128)
     gu, down = make_bank(H, I, torch.bfloat16) if fmt == "bf16" else make_qbank(fmt, H, I, group)
     x, ids, w = make_routes(37, 8, torch.int64, torch.bfloat16, H)
     out = torch.empty(37, H)
-    ex.run(x, gu, down, ids, w, out)
+    e.run(x, gu, down, ids, w, out)
     for t in range(37):
         one = torch.empty(1, H)
-        ex.run(x[t:t + 1], gu, down, ids[t:t + 1], w[t:t + 1], one)
+        e.run(x[t:t + 1], gu, down, ids[t:t + 1], w[t:t + 1], one)
         assert torch.equal(one[0], out[t]), t
 
 

@@ -21,7 +21,8 @@ inline void dequant_pair(const uint8_t* q, int k, typename V::R zv, typename V::
 template <int F, int NR>
 void qrow(const Row& w, const float* const* xr, float* out) {
   using R = typename V::R;
-  constexpr int W = V::W, P = NR == 1 ? 2 : 1;  // P vector pairs a step: at least 4 FMA chains
+  // two vector pairs a step, four FMA chains a dot, whatever NR: a token's bits do not depend on its batch
+  constexpr int W = V::W, P = 2;
   constexpr bool nib = F == INT4 || F == MXFP4;
   const int K = w.K, bk = w.bk;
   const bool vec = !nib || bk % 2 == 0;  // else blocks may start mid-byte
@@ -69,13 +70,15 @@ void qrow(const Row& w, const float* const* xr, float* out) {
   }
 }
 
-// RowsFn of a quantized format: activation rows four at a time, so one dequantized vector serves
-// them all (a prefill chunk's routes: the dequantization costs more than the FMAs it feeds).
+// RowsFn of a quantized format: activation rows four at a time (two on the 256-bit path, whose 16
+// registers hold fewer chains), so one dequantized vector serves them all (a prefill chunk's
+// routes: the dequantization costs more than the FMAs it feeds).
 template <int F>
 void qrows(const Row& w, const void* const* x, int nx, float* out) {
   auto xf = reinterpret_cast<const float* const*>(x);
   int i = 0;
-  for (; i + 4 <= nx; i += 4) qrow<F, 4>(w, xf + i, out + i);
+  if constexpr (V::W >= 16)
+    for (; i + 4 <= nx; i += 4) qrow<F, 4>(w, xf + i, out + i);
   for (; i + 2 <= nx; i += 2) qrow<F, 2>(w, xf + i, out + i);
   if (i < nx) qrow<F, 1>(w, xf + i, out + i);
 }
