@@ -116,14 +116,11 @@ struct Rows {
 };
 
 using RowsFn = void (*)(const Row& w, const void* const* x, int nx, float* out);  // out[i] = w . x[i]
-// out0[i] = w0 . x[i], out1[i] = w1 . x[i], each the bits RowsFn gives
-using Rows2Fn = void (*)(const Row& w0, const Row& w1, const void* const* x, int nx, float* out0, float* out1);
 struct Kernel {
   RowsFn fn;
   int chunk;                  // activations in permute(.., chunk) order; 0: plain order
   int act = A_F32;            // Act of the activation rows
   RowsFn hi_only = nullptr;   // A_BF16X2: fn for rows whose lo halves are all zero
-  Rows2Fn fn2 = nullptr, hi_only2 = nullptr;  // two rows at once, where a family has that
 };
 
 // Position of element k of a length-K activation row read by a kernel of the given chunk c (a
@@ -416,94 +413,64 @@ inline __m512 dp(__m512 acc, __m512i w, const uint16_t* x) {
   return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_loadu_si512(x));
 }
 
-// out[m][r] = W_m . x[r] for MR rows of one matrix and NR activation rows (A_BF16X2; LO: their lo
-// halves too); each (row, activation) dot runs the same operations whatever MR and NR. Whole spans
+// out[r] = W_row . x[r] for NR activation rows (A_BF16X2; LO: their lo halves too). Whole spans
 // (a block, or two of mxfp4's) run vectorized; a last span short of that, if any, runs scalar.
-template <int F, int NR, int MR, bool LO>
-void qrow(const Row* const* w, const uint16_t* const* xr, float* const* out) {
-  const int K = w[0]->K, bk = w[0]->bk, span = std::max(bk, kChunk), ns = K / span, nv = ns * span;
+template <int F, int NR, bool LO>
+void qrow(const Row& w, const uint16_t* const* xr, float* out) {
+  const int K = w.K, bk = w.bk, span = std::max(bk, kChunk), ns = K / span, nv = ns * span;
   const __m512i low = _mm512_set1_epi16(15);
   const uint16_t* x[NR];
-  for (int r = 0; r < NR; ++r) x[r] = xr[r];
-  __m512 acc[MR][NR];
-  __m512i tab[MR];  // int4's: per block
-  int ztab[MR];     // the zero point of int4's table
-  const uint8_t* q[MR];
-  for (int m = 0; m < MR; ++m) {
-    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
-    tab[m] = F == MXFP4 ? bf16_table(_mm512_loadu_ps(kE2M1)) : _mm512_setzero_si512();
-    ztab[m] = -1, q[m] = w[m]->q;
-  }
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) x[r] = xr[r], acc[r] = _mm512_setzero_ps();
+  __m512i tab = F == MXFP4 ? bf16_table(_mm512_loadu_ps(kE2M1)) : _mm512_setzero_si512();  // int4's: per block
+  int ztab = -1;  // the zero point of int4's table
+  const uint8_t* q = w.q;
   for (int g = 0; g < ns; ++g) {  // spans of one table and scales: a block, or two of 32 columns
-    __m512 p[MR][NR][LO ? 4 : 2];  // hi . even columns, hi . odd, lo . even, lo . odd
-    for (int m = 0; m < MR; ++m) {
-      if constexpr (F == INT4)
-        if (w[m]->z[g] != ztab[m]) ztab[m] = w[m]->z[g], tab[m] = code_table(ztab[m]);
-      for (int r = 0; r < NR; ++r)
-        for (auto& v : p[m][r]) v = _mm512_setzero_ps();
-    }
-    for (int i = 0; i < span; i += kChunk) {
-      for (int m = 0; m < MR; ++m) {  // the rows' loads in flight together
-        _mm_prefetch(reinterpret_cast<const char*>(q[m]) + 4096, _MM_HINT_T0);  // see dot_avx2
-        const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[m])));
-        const __m512i we = _mm512_permutexvar_epi16(_mm512_and_si512(c, low), tab[m]);
-        const __m512i wo = _mm512_permutexvar_epi16(_mm512_srli_epi16(c, 4), tab[m]);
-        for (int r = 0; r < NR; ++r) {
-          const uint16_t* xk = x[r] + g * span + i;
-          p[m][r][0] = dp(p[m][r][0], we, xk), p[m][r][1] = dp(p[m][r][1], wo, xk + 32);
-          if constexpr (LO) p[m][r][2] = dp(p[m][r][2], we, xk + K), p[m][r][3] = dp(p[m][r][3], wo, xk + K + 32);
-        }
-        q[m] += kChunk / 2;
-      }
-    }
-    for (int m = 0; m < MR; ++m) {
-      __m512 sv;
-      if (F == MXFP4 && bk < kChunk)  // two blocks, of 8 lanes each
-        sv = _mm512_mask_mov_ps(_mm512_set1_ps(block_scale<F>(*w[m], 2 * g)), 0xFF00,
-                                _mm512_set1_ps(block_scale<F>(*w[m], 2 * g + 1)));
-      else
-        sv = _mm512_set1_ps(block_scale<F>(*w[m], g));
+    if constexpr (F == INT4)
+      if (w.z[g] != ztab) ztab = w.z[g], tab = code_table(ztab);
+    __m512 p[NR][LO ? 4 : 2];  // hi . even columns, hi . odd, lo . even, lo . odd
+    for (int r = 0; r < NR; ++r)
+      for (auto& v : p[r]) v = _mm512_setzero_ps();
+    for (int i = 0; i < span; i += kChunk, q += kChunk / 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(q) + 4096, _MM_HINT_T0);  // see dot_avx2
+      const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+      const __m512i we = _mm512_permutexvar_epi16(_mm512_and_si512(c, low), tab);
+      const __m512i wo = _mm512_permutexvar_epi16(_mm512_srli_epi16(c, 4), tab);
       for (int r = 0; r < NR; ++r) {
-        __m512 t = _mm512_add_ps(p[m][r][0], p[m][r][1]);
-        if constexpr (LO) t = _mm512_add_ps(t, _mm512_add_ps(p[m][r][2], p[m][r][3]));
-        acc[m][r] = _mm512_fmadd_ps(t, sv, acc[m][r]);
+        const uint16_t* xk = x[r] + g * span + i;
+        p[r][0] = dp(p[r][0], we, xk), p[r][1] = dp(p[r][1], wo, xk + 32);
+        if constexpr (LO) p[r][2] = dp(p[r][2], we, xk + K), p[r][3] = dp(p[r][3], wo, xk + K + 32);
       }
+    }
+    __m512 sv;
+    if (F == MXFP4 && bk < kChunk)  // two blocks, of 8 lanes each
+      sv = _mm512_mask_mov_ps(_mm512_set1_ps(block_scale<F>(w, 2 * g)), 0xFF00, _mm512_set1_ps(block_scale<F>(w, 2 * g + 1)));
+    else
+      sv = _mm512_set1_ps(block_scale<F>(w, g));
+    for (int r = 0; r < NR; ++r) {
+      __m512 t = _mm512_add_ps(p[r][0], p[r][1]);
+      if constexpr (LO) t = _mm512_add_ps(t, _mm512_add_ps(p[r][2], p[r][3]));
+      acc[r] = _mm512_fmadd_ps(t, sv, acc[r]);
     }
   }
-  for (int m = 0; m < MR; ++m) {
-    for (int r = 0; r < NR; ++r) out[m][r] = _mm512_reduce_add_ps(acc[m][r]);
-    for (int k = nv; k < K; ++k) {  // the short last span
-      const Row& wm = *w[m];
-      const float v = code_value<F>(wm.q, k, F == INT4 ? float(wm.z[k / bk]) : 0.f) * block_scale<F>(wm, k / bk);
-      const int p = permute(k, K, kChunk);
-      for (int r = 0; r < NR; ++r) out[m][r] += v * (bf2f(x[r][p]) + (LO ? bf2f(x[r][K + p]) : 0.f));
-    }
+  for (int r = 0; r < NR; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+  for (int k = nv; k < K; ++k) {  // the short last span
+    const float v = code_value<F>(w.q, k, F == INT4 ? float(w.z[k / bk]) : 0.f) * block_scale<F>(w, k / bk);
+    const int p = permute(k, K, kChunk);
+    for (int r = 0; r < NR; ++r) out[r] += v * (bf2f(x[r][p]) + (LO ? bf2f(x[r][K + p]) : 0.f));
   }
 }
 
 template <int F, bool LO>
 void rows(const Row& w, const void* const* x, int nx, float* out) {
   auto xh = reinterpret_cast<const uint16_t* const*>(x);
-  const Row* wp = &w;
   int i = 0;
-  for (float* o; i + 4 <= nx; i += 4) o = out + i, qrow<F, 4, 1, LO>(&wp, xh + i, &o);
-  for (float* o; i + 2 <= nx; i += 2) o = out + i, qrow<F, 2, 1, LO>(&wp, xh + i, &o);
-  if (float* o = out + i; i < nx) qrow<F, 1, 1, LO>(&wp, xh + i, &o);
+  for (; i + 4 <= nx; i += 4) qrow<F, 4, LO>(w, xh + i, out + i);
+  for (; i + 2 <= nx; i += 2) qrow<F, 2, LO>(w, xh + i, out + i);
+  if (i < nx) qrow<F, 1, LO>(w, xh + i, out + i);
 }
 
-// Two rows against one or two activation rows (decode): twice the loads in flight of one row,
-// which on its own waits on memory; more activation rows take rows() a row at a time.
-template <int F, bool LO>
-void rows2(const Row& w0, const Row& w1, const void* const* x, int nx, float* out0, float* out1) {
-  auto xh = reinterpret_cast<const uint16_t* const*>(x);
-  const Row* wp[2] = {&w0, &w1};
-  float* o[2] = {out0, out1};
-  if (nx == 1) qrow<F, 1, 2, LO>(wp, xh, o);
-  else if (nx == 2) qrow<F, 2, 2, LO>(wp, xh, o);
-  else rows<F, LO>(w0, x, nx, out0), rows<F, LO>(w1, x, nx, out1);
-}
-
-template <int F> const Kernel kernel{rows<F, true>, kChunk, A_BF16X2, rows<F, false>, rows2<F, true>, rows2<F, false>};
+template <int F> const Kernel kernel{rows<F, true>, kChunk, A_BF16X2, rows<F, false>};
 }  // namespace bf16q
 #pragma GCC pop_options
 
@@ -581,8 +548,8 @@ void unit1(Job& J, int u) {
   for (int r0 = J.gstart[g]; r0 < J.gstart[g + 1]; r0 += RC)
     for (int j = j0; j < j1; ++j) {
       int n = std::min(RC, J.gstart[g + 1] - r0);
-      if (J.kgu.fn2) J.kgu.fn2(gu(j), gu(J.I + j), &J.xr[r0], n, a, b);
-      else J.kgu.fn(gu(j), &J.xr[r0], n, a), J.kgu.fn(gu(J.I + j), &J.xr[r0], n, b);
+      J.kgu.fn(gu(j), &J.xr[r0], n, a);
+      J.kgu.fn(gu(J.I + j), &J.xr[r0], n, b);
       float bg = bgu ? bgu[j] : 0.f, bu = bgu ? bgu[J.I + j] : 0.f;
       for (int i = 0; i < n; ++i) {
         float v = J.act(a[i] + bg, b[i] + bu);
@@ -594,21 +561,17 @@ void unit1(Job& J, int u) {
 void unit2(Job& J, int u) {
   int r0 = u * R2, r1 = std::min(J.H, r0 + R2);
   for (int t = 0; t < J.T; ++t) std::fill_n(J.out + size_t(t) * J.H + r0, r1 - r0, 0.f);
-  float y[2][RC];
+  float y[RC];
   for (int g = 0; g < int(J.eid.size()); ++g) {
     int64_t e = J.expert(g);
     const Rows d(J.d, e, J.I);
     const float* bd = bias(J.d, e);
-    for (int r = r0; r < r1; r += 1 + bool(J.kd.fn2))
+    for (int r = r0; r < r1; ++r)
       for (int k0 = J.gstart[g]; k0 < J.gstart[g + 1]; k0 += RC) {
-        int n = std::min(RC, J.gstart[g + 1] - k0), nr = 1;
-        if (!J.kd.fn2) J.kd.fn(d(r), &J.hr[k0], n, y[0]);
-        else if (r + 1 < r1) J.kd.fn2(d(r), d(r + 1), &J.hr[k0], n, y[0], y[1]), nr = 2;
-        else J.kd.fn(d(r), &J.hr[k0], n, y[0]);
-        for (int m = 0; m < nr; ++m) {
-          float br = bd ? bd[r + m] : 0.f;
-          for (int i = 0; i < n; ++i) J.out[size_t(J.tok[k0 + i]) * J.H + r + m] += J.rw[k0 + i] * (y[m][i] + br);
-        }
+        int n = std::min(RC, J.gstart[g + 1] - k0);
+        float br = bd ? bd[r] : 0.f;
+        J.kd.fn(d(r), &J.hr[k0], n, y);
+        for (int i = 0; i < n; ++i) J.out[size_t(J.tok[k0 + i]) * J.H + r] += J.rw[k0 + i] * (y[i] + br);
       }
   }
 }
@@ -759,8 +722,8 @@ void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, cons
         for (int t = 0; t < T && exact; ++t)
           exact = std::all_of(xh + (2 * t + 1) * size_t(H), xh + (2 * t + 2) * size_t(H),
                               [](uint16_t v) { return v == 0; });
-        if (exact) J->kgu.fn = J->kgu.hi_only, J->kgu.fn2 = J->kgu.hi_only2;
-        if (exact && hbf16 && J->kd.hi_only) J->kd.fn = J->kd.hi_only, J->kd.fn2 = J->kd.hi_only2, J->hact = A_BF16X2_HI;
+        if (exact) J->kgu.fn = J->kgu.hi_only;
+        if (exact && hbf16 && J->kd.hi_only) J->kd.fn = J->kd.hi_only, J->hact = A_BF16X2_HI;
       }
     }
     std::vector<std::pair<int64_t, int>> rs;  // (expert, route index); sorting groups by expert
