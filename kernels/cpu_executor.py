@@ -409,9 +409,8 @@ def expert_gbps(fmt: str, threads: int | None = None, seconds: float = 1.0, bank
     ex = CPUExecutor(threads, backend)
     try:
         # a bf16 model's activations, in bf16 as the engine passes them (int4 and mxfp4 through the
-        # BF16 dot products then read half of x and of the intermediate); fp32 for fp32 / fp16 banks
+        # BF16 dot products then read half of x and of the intermediate)
         x, out = torch.randn(tokens, hidden).bfloat16(), torch.empty(tokens, hidden)
-        x = x.float() if fmt in ("fp32", "fp16") else x
         w = torch.full((tokens, 8), 1 / 8)
         i, busy, t0 = 0, 0.0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:

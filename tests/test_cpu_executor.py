@@ -82,8 +82,8 @@ def test_matches_reference(ex, dtype, tol, T, K):
 @pytest.mark.parametrize("fmt,group", [("bf16", 0), ("int4", 64), ("mxfp4", 32), ("int8", 64), ("fp8", 64)])
 def test_a_token_gets_the_same_bits_alone_and_among_many(ex, pools, backend, fmt, group):
     """The row kernels take several routes of an expert at once (blocks of 4, 2 and 1), on every
-    path: each token's output is exactly what a job of that token alone gives (the quantized rows
-    once summed in two chains among others and four alone)."""
+    path: each token's output is exactly what a job of that token alone gives (a dot's chains do
+    not depend on how many routes share its row)."""
     if backend is not None and backend not in pools:
         pytest.skip(f"{backend} path not usable on this machine")
     e = ex if backend is None else pools[backend]
