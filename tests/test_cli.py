@@ -260,7 +260,10 @@ def test_bench_decode_online_and_fixed_q_take_turns(tiny_hf, tmp_path, monkeypat
     rows = json.loads(r.stdout)["rows"]
     assert [x["policy"] for x in rows] == ["adaptive (fixed q*)", "adaptive", "fetch"]  # one runtime, in turns
     assert rows[0]["q_star"] == 0.5 and "b_p_online_gbps" not in rows[0]
-    assert rows[1]["q_star"] != pytest.approx(0.5, abs=1e-3)  # re-estimated from this machine's timings
+    # re-estimated from this machine's timings: the bandwidths left the profile's 1 GB/s (q* itself can
+    # land near 0.5 again when both sides moved alike)
+    online = (rows[1]["b_p_online_gbps"], rows[1]["b_h_online_gbps"])
+    assert online != pytest.approx((1.0, 1.0), rel=1e-3)
 
 
 def test_bench_decode_rows_per_thread_count(tiny_hf, monkeypatch):
