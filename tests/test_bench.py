@@ -39,7 +39,7 @@ def test_deep_decode_row_agrees_with_run(deep_hf):
     assert r.exit_code == 0, r.output
     [row] = json.loads(r.stdout)["rows"]
     assert row["depth"] == depth and row["batch"] == 1 and row["tok_s"] == row["stream_tok_s"]
-    assert 0.5 < row["tok_s"] / run_tok_s < 2.0, (row["tok_s"], run_tok_s)
+    assert 1 / 3 < row["tok_s"] / run_tok_s < 3, (row["tok_s"], run_tok_s)  # the defect was 5x; `run` times once
 
 
 def test_depth_and_batch_rows(deep_hf):
