@@ -417,6 +417,23 @@ def test_quantized_forced_paths_match_reference(pools, backend, fmt, symmetric, 
     check_qparity(pools[backend], fmt, symmetric, T, K)
 
 
+def test_int4_zero_points_of_every_value(ex, pools):
+    """int4 zero points from 0 to 16 (a gptq-format checkpoint stores them minus one) and past it,
+    changing from block to block, on every row kernel: each as the reference dequantizes it."""
+    gu, down = make_bank(192, 128, torch.float32, 3)
+    w = qbank({"gate_up": gu, "down": down}, "int4", 64, symmetric=False)
+    g = torch.Generator().manual_seed(0)
+    for q in w.values():
+        q.z.copy_(torch.randint(0, 21, q.z.shape, generator=g, dtype=torch.uint8))
+    x, ids, rw = make_routes(3, 4, torch.int64, torch.float32, 192)
+    x = x.bfloat16().float()
+    expected = ref.moe_experts(x, w["gate_up"], w["down"], ids, rw)
+    for pool in [ex, *pools.values()]:
+        out = torch.full((3, 192), float("nan"))
+        pool.run(x, w["gate_up"], w["down"], ids, rw, out)
+        assert rel_err(out, expected) < 1e-5, pool.backend
+
+
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt,group,symmetric", [("int4", 64, True), ("int4", 64, False), ("mxfp4", 32, True)])
 @pytest.mark.parametrize("T,K", [(1, 8), (3, 2), (17, 4)])
