@@ -11,7 +11,7 @@ constexpr int kChunk = V::W > 1 ? 2 * V::W : 0;
 // Vectors k .. k + 2W - 1 of a row in its activation order, as code_value gives them (a, b).
 template <int F>
 inline void dequant_pair(const uint8_t* q, int k, typename V::R zv, typename V::R& a, typename V::R& b) {
-  if constexpr (F == INT4 || F == MXFP4) V::template nibbles<F>(q + (k >> 1), zv, a, b);
+  if constexpr (F == INT4 || F == MXFP4) V::template nibbles<F>(q + (unsigned(k) >> 1), zv, a, b);
   else a = V::template dequant<F>(q + k, zv), b = V::template dequant<F>(q + k + V::W, zv);
 }
 
@@ -55,7 +55,7 @@ void qrow(const Row& w, const float* const* xr, float* out) {
     int k = k0;
     if (vec) {
       for (; k + 2 * P * W <= k1; k += 2 * P * W) {  // (the prefetch: see dot_avx2)
-        _mm_prefetch(reinterpret_cast<const char*>(w.q) + (nib ? k >> 1 : k) + 4096, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w.q) + (nib ? unsigned(k) >> 1 : unsigned(k)) + 4096, _MM_HINT_T0);
         for (int u = 0; u < P; ++u) pair(k + 2 * u * W, u);
       }
       for (; k + 2 * W <= k1; k += 2 * W) pair(k, 0);
