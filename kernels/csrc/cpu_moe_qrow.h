@@ -10,8 +10,8 @@ constexpr int kChunk = V::W > 1 ? 2 * V::W : 0;
 
 // Vectors k .. k + 2W - 1 of a row in its activation order, as code_value gives them (a, b).
 template <int F>
-inline void dequant_pair(const uint8_t* q, int k, typename V::R zv, typename V::R& a, typename V::R& b) {
-  if constexpr (F == INT4 || F == MXFP4) V::template nibbles<F>(q + (unsigned(k) >> 1), zv, a, b);
+inline void dequant_pair(const uint8_t* q, size_t k, typename V::R zv, typename V::R& a, typename V::R& b) {
+  if constexpr (F == INT4 || F == MXFP4) V::template nibbles<F>(q + k / 2, zv, a, b);
   else a = V::template dequant<F>(q + k, zv), b = V::template dequant<F>(q + k + V::W, zv);
 }
 
@@ -37,13 +37,13 @@ void qrow(const Row& w, const float* const* xr, float* out) {
     for (int u = 0; u < 2 * P; ++u) p[u][r] = V::zero();
   }
   for (int g = 0, k0 = 0; k0 < K; ++g, k0 += bk) {
-    const int k1 = std::min(K, k0 + bk);
+    const size_t k1 = std::min(K, k0 + bk);  // (unsigned columns: a nibble row's byte offset is a shift)
     const float z = F == INT4 || F == INT8 ? float(w.z[g]) : 0.f, s = block_scale<F>(w, g);
     const R zv = V::set1(V::kZeroBias + z), sv = V::set1(s);
     if constexpr (!each)
       for (int r = 0; r < NR; ++r)
         for (int u = 0; u < 2 * P; ++u) p[u][r] = V::zero();
-    auto pair = [&](int k, int u) {  // columns k .. k + 2W - 1 into chains 2u and 2u + 1
+    auto pair = [&](size_t k, int u) {  // columns k .. k + 2W - 1 into chains 2u and 2u + 1
       R a, b;
       dequant_pair<F>(w.q, k, zv, a, b);
       if constexpr (each) a = V::mul(a, sv), b = V::mul(b, sv);
@@ -52,10 +52,10 @@ void qrow(const Row& w, const float* const* xr, float* out) {
         p[2 * u + 1][r] = V::fma(b, V::load(x[r] + k + W), p[2 * u + 1][r]);
       }
     };
-    int k = k0;
+    size_t k = k0;
     if (vec) {
       for (; k + 2 * P * W <= k1; k += 2 * P * W) {  // (the prefetch: see dot_avx2)
-        _mm_prefetch(reinterpret_cast<const char*>(w.q) + (nib ? unsigned(k) >> 1 : unsigned(k)) + 4096, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w.q) + (nib ? k / 2 : k) + 4096, _MM_HINT_T0);
         for (int u = 0; u < P; ++u) pair(k + 2 * u * W, u);
       }
       for (; k + 2 * W <= k1; k += 2 * W) pair(k, 0);
