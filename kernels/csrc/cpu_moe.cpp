@@ -121,7 +121,20 @@ struct Kernel {
   int chunk;                  // activations in permute(.., chunk) order; 0: plain order
   int act = A_F32;            // Act of the activation rows
   RowsFn hi_only = nullptr;   // A_BF16X2: fn for rows whose lo halves are all zero
+  bool sums = false;          // fp32 rows of K values carry their blocks' sums after them (block_sums)
 };
+
+// The sums of an fp32 activation row's blocks of bk values, written after its K values (a kernel
+// with sums takes a zero point out once a block: sum (c - z) x = sum c x - z sum x). Positions, not
+// columns: a chunk never crosses a block, so a block's values stay among its positions.
+inline int n_sums(int K, int bk) { return (K + bk - 1) / bk; }
+void block_sums(float* row, int K, int bk) {
+  for (int g = 0; g * bk < K; ++g) {
+    float a = 0.f;
+    for (int k = g * bk; k < std::min(K, (g + 1) * bk); ++k) a += row[k];
+    row[K + g] = a;
+  }
+}
 
 // Position of element k of a length-K activation row read by a kernel of the given chunk c (a
 // power of two): within each whole chunk of c, the even k first, then the odd ones (the low, then
@@ -192,24 +205,22 @@ template <int D> float dot_scalar(const void* w, const void* x, int n) {
 }
 
 // Vector traits of the quantized row kernel (cpu_moe_qrow.h), one per path: W fp32 lanes;
-// dequant<F>(q, zv): W int8/fp8 codes from q on; nibbles<F>(q, zv, a, b): the low nibbles of W
-// bytes from q on, then their high nibbles; each as code_value gives them, for zv = kZeroBias + z
-// in every lane. The SIMD paths subtract the zero point as floats: lane bits 0x4B000000 | c are
-// 2**23 + c, and (2**23 + c) - (2**23 + z) = c - z exactly.
+// dequant<F>(q): W int8/fp8 codes from q on; nibbles<F>(q, a, b): the low nibbles of W bytes from
+// q on, then their high nibbles; each as code_value gives them for a zero point of 0 (the kernel
+// takes zero points out once a block).
 struct Scalar {
   static constexpr int W = 1;
   using R = float;
   static R zero() { return 0.f; }
   static R set1(float v) { return v; }
-  static constexpr float kZeroBias = 0.f;
   static R load(const float* p) { return *p; }
   static R fma(R a, R b, R c) { return a * b + c; }
   static R mul(R a, R b) { return a * b; }
   static R add(R a, R b) { return a + b; }
   static float sum(R v) { return v; }
-  template <int F> static R dequant(const uint8_t* q, float z) { return code_value<F>(q, 0, z); }
-  template <int F> static void nibbles(const uint8_t* q, float z, R& a, R& b) {
-    a = code_value<F>(q, 0, z), b = code_value<F>(q, 1, z);
+  template <int F> static R dequant(const uint8_t* q) { return code_value<F>(q, 0, 0.f); }
+  template <int F> static void nibbles(const uint8_t* q, R& a, R& b) {
+    a = code_value<F>(q, 0, 0.f), b = code_value<F>(q, 1, 0.f);
   }
 };
 
@@ -259,7 +270,6 @@ struct V256 {
   using R = __m256;
   static R zero() { return _mm256_setzero_ps(); }
   static R set1(float v) { return _mm256_set1_ps(v); }
-  static constexpr float kZeroBias = 8388608.f;
   static R load(const float* p) { return _mm256_loadu_ps(p); }
   static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
   static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
@@ -270,20 +280,17 @@ struct V256 {
     return _mm_cvtss_f32(_mm_hadd_ps(s, s));
   }
   static __m128i load8(const uint8_t* q) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)); }
-  static R minus_zero(__m256i c, R zv) {
-    return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(c, _mm256_set1_epi32(0x4B000000))), zv);
-  }
-  template <int F> static R dequant(const uint8_t* q, R zv) {
-    if constexpr (F == INT8) return minus_zero(_mm256_cvtepu8_epi32(load8(q)), zv);
+  template <int F> static R dequant(const uint8_t* q) {
+    if constexpr (F == INT8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load8(q)));
     // fp8: sign-extended to 16 bits and shifted up 7, e4m3 keeps its sign at bit 15 and has its
     // exponent and mantissa under fp16's; clearing bit 14 leaves the fp16 of code_value
     __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(load8(q)), 7);
     return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16(short(0xBF80))));
   }
-  template <int F> static void nibbles(const uint8_t* q, R zv, R& a, R& b) {
+  template <int F> static void nibbles(const uint8_t* q, R& a, R& b) {
     __m256i c = _mm256_cvtepu8_epi32(load8(q)), hi = _mm256_srli_epi32(c, 4);
     if constexpr (F == INT4) {
-      a = minus_zero(_mm256_and_si256(c, _mm256_set1_epi32(15)), zv), b = minus_zero(hi, zv);
+      a = _mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(15))), b = _mm256_cvtepi32_ps(hi);
     } else {  // e2m1: the magnitude from a table by the low 3 bits, the nibble's top bit the sign
       const __m256 mag = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
       const __m256i sign = _mm256_set1_epi32(INT32_MIN);
@@ -311,26 +318,21 @@ struct V512 {  // as V256
   using R = __m512;
   static R zero() { return _mm512_setzero_ps(); }
   static R set1(float v) { return _mm512_set1_ps(v); }
-  static constexpr float kZeroBias = 8388608.f;
   static R load(const float* p) { return _mm512_loadu_ps(p); }
   static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
   static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
   static R add(R a, R b) { return _mm512_add_ps(a, b); }
   static float sum(R v) { return _mm512_reduce_add_ps(v); }
   static __m128i load16(const uint8_t* q) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)); }
-  static R minus_zero(__m512i c, R zv) {
-    return _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(c, _mm512_set1_epi32(0x4B000000))), zv);
-  }
-  template <int F> static R dequant(const uint8_t* q, R zv) {
-    if constexpr (F == INT8) return minus_zero(_mm512_cvtepu8_epi32(load16(q)), zv);
+  template <int F> static R dequant(const uint8_t* q) {
+    if constexpr (F == INT8) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(load16(q)));
     __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(load16(q)), 7);
     return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(short(0xBF80))));
   }
-  template <int F> static void nibbles(const uint8_t* q, R zv, R& a, R& b) {
+  template <int F> static void nibbles(const uint8_t* q, R& a, R& b) {
     __m512i c = _mm512_cvtepu8_epi32(load16(q)), hi = _mm512_srli_epi32(c, 4);
-    if constexpr (F == INT4) {  // (c & 15) | 2**23 in one ternary-logic op
-      __m512i lo = _mm512_ternarylogic_epi32(c, _mm512_set1_epi32(15), _mm512_set1_epi32(0x4B000000), 0xEA);
-      a = _mm512_sub_ps(_mm512_castsi512_ps(lo), zv), b = minus_zero(hi, zv);
+    if constexpr (F == INT4) {
+      a = _mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(15))), b = _mm512_cvtepi32_ps(hi);
     } else {  // e2m1: a 16-entry table by the low 4 bits, sign included
       const __m512 v = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
                                       -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
@@ -529,6 +531,8 @@ struct Job {
   std::vector<int> tok;         // [R] token of each route
   std::vector<float> rw;        // [R] routing weight of each route
   std::unique_ptr<char[]> h;    // [R, I] act(gate, up), in the order (and layout) of kd
+  size_t xn = 0, hn = 0;        // elements from one row of x, of h, to the next (their block sums too)
+  std::atomic<bool> hsums_claimed{false}, hsums{false};  // h's block sums (kd.sums) taken, written
   std::vector<const void*> xr, hr;  // [R] each route's row of x and of h
   int nb1 = 0, n1 = 0, n2 = 0;  // phase-1 blocks per expert, phase-1 units, phase-2 units
   std::atomic<int> next1{0}, done1{0}, next2{0}, done2{0};
@@ -541,6 +545,7 @@ struct Job {
   std::chrono::steady_clock::time_point t0, t1;  // submitted, retired: the CPU branch's duration
 
   void fail(const char* msg) { std::lock_guard<std::mutex> g(m); if (err.empty()) err = msg; }
+  float* h_row(size_t i) { return reinterpret_cast<float*>(h.get() + i * hn * hsz); }
   int64_t expert(int g) const {
     int64_t e = eid[g];
     if (e < 0 || e >= E)
@@ -565,7 +570,7 @@ void unit1(Job& J, int u) {
       float bg = bgu ? bgu[j] : 0.f, bu = bgu ? bgu[J.I + j] : 0.f;
       for (int i = 0; i < n; ++i) {
         float v = J.act(a[i] + bg, b[i] + bu);
-        put_act(J.h.get() + size_t(r0 + i) * J.I * J.hsz, J.I, permute(j, J.I, J.kd.chunk), v, J.hact);
+        put_act(J.h.get() + size_t(r0 + i) * J.hn * J.hsz, J.I, permute(j, J.I, J.kd.chunk), v, J.hact);
       }
     }
 }
@@ -655,6 +660,14 @@ void work(Job& J, Tick tick) {
   // (more threads than free cores), and a long pause-spin would keep it off the core.
   for (int spin = 0; J.done1.load(std::memory_order_acquire) < J.n1; ++spin)
     tick(), spin < 64 ? _mm_pause() : std::this_thread::yield();
+  if (J.kd.sums) {  // one thread writes h's block sums (a few thousand additions), the others wait
+    if (!J.hsums_claimed.exchange(true, std::memory_order_acq_rel)) {
+      for (size_t i = 0; i < J.hr.size(); ++i) block_sums(J.h_row(i), J.I, J.d.bk);
+      J.hsums.store(true, std::memory_order_release);
+    }
+    for (int spin = 0; !J.hsums.load(std::memory_order_acquire); ++spin)
+      tick(), spin < 64 ? _mm_pause() : std::this_thread::yield();
+  }
   run_units(J, J.next2, J.n2, unit2, J.done2, tick);
 }
 
@@ -721,12 +734,15 @@ void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, cons
     J->kgu = kernel(mode, *gu), J->kd = kernel(mode, *dn);
     if (!J->kgu.fn || !J->kd.fn) return nullptr;
     J->xsz = act_bytes(J->kgu.act), J->hsz = act_bytes(J->kd.act), J->hact = J->kd.act;
-    if (J->kgu.chunk) {  // fp32 x (the chunked kernels are quantized ones)
-      J->xp.reset(new char[size_t(T) * H * J->xsz]);
-      for (int t = 0; t < T; ++t)
+    J->xn = H + (J->kgu.sums ? n_sums(H, gu->bk) : 0), J->hn = I + (J->kd.sums ? n_sums(I, dn->bk) : 0);
+    if (J->kgu.chunk || J->kgu.sums) {  // fp32 x (the chunked kernels are quantized ones)
+      J->xp.reset(new char[size_t(T) * J->xn * J->xsz]);
+      for (int t = 0; t < T; ++t) {
+        char* row = J->xp.get() + size_t(t) * J->xn * J->xsz;
         for (int k = 0; k < H; ++k)
-          put_act(J->xp.get() + size_t(t) * H * J->xsz, H, permute(k, H, J->kgu.chunk),
-                  static_cast<const float*>(x)[size_t(t) * H + k], J->kgu.act);
+          put_act(row, H, permute(k, H, J->kgu.chunk), static_cast<const float*>(x)[size_t(t) * H + k], J->kgu.act);
+        if (J->kgu.sums) block_sums(reinterpret_cast<float*>(row), H, gu->bk);
+      }
       J->x = J->xp.get();
       if (J->kgu.hi_only) {  // x of a bf16 model: every lo half zero
         auto xh = reinterpret_cast<const uint16_t*>(J->x);
@@ -744,14 +760,14 @@ void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, cons
       if (e != -1) rs.emplace_back(e, i);  // other bad ids fail inside the workers
     }
     std::sort(rs.begin(), rs.end());
-    J->h.reset(new char[rs.size() * size_t(I) * J->hsz + 1]);
+    J->h.reset(new char[rs.size() * J->hn * J->hsz + 1]);
     for (size_t i = 0; i < rs.size(); ++i) {
       if (i == 0 || rs[i].first != rs[i - 1].first)
         J->eid.push_back(rs[i].first), J->gstart.push_back(int(i));
       J->tok.push_back(rs[i].second / K);
       J->rw.push_back(rw[rs[i].second]);
-      J->xr.push_back(J->x + size_t(J->tok.back()) * H * J->xsz);
-      J->hr.push_back(J->h.get() + i * I * J->hsz);
+      J->xr.push_back(J->x + size_t(J->tok.back()) * J->xn * J->xsz);
+      J->hr.push_back(J->h.get() + i * J->hn * J->hsz);
     }
     J->gstart.push_back(int(rs.size()));
     J->nb1 = (I + R1 - 1) / R1, J->n1 = int(J->eid.size()) * J->nb1, J->n2 = (H + R2 - 1) / R2;

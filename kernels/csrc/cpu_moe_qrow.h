@@ -10,22 +10,23 @@ constexpr int kChunk = V::W > 1 ? 2 * V::W : 0;
 
 // Vectors k .. k + 2W - 1 of a row in its activation order, as code_value gives them (a, b).
 template <int F>
-inline void dequant_pair(const uint8_t* q, size_t k, typename V::R zv, typename V::R& a, typename V::R& b) {
-  if constexpr (F == INT4 || F == MXFP4) V::template nibbles<F>(q + k / 2, zv, a, b);
-  else a = V::template dequant<F>(q + k, zv), b = V::template dequant<F>(q + k + V::W, zv);
+inline void dequant_pair(const uint8_t* q, size_t k, typename V::R& a, typename V::R& b) {
+  if constexpr (F == INT4 || F == MXFP4) V::template nibbles<F>(q + k / 2, a, b);
+  else a = V::template dequant<F>(q + k), b = V::template dequant<F>(q + k + V::W);
 }
 
 // out[r] = W_row . x[r] for NR activation rows, W dequantized in registers: each vector of codes
-// becomes code - zero (exact) and meets x in fp32 chains that start afresh every block; a block's
-// sum is scaled once into the row's accumulator (rows 4-14% faster than scaling every vector on
-// the CPU machine). mxfp4's blocks of 32 columns, a step or less, still scale every vector and
-// keep their chains.
+// meets x in fp32 chains that start afresh every block, and a block's sum is scaled once into the
+// row's accumulator (rows 4-14% faster than scaling every vector on the CPU machine). int4 / int8
+// codes go in as they are, their zero point taken out once a block with the block's sum of x,
+// which the rows carry (Kernel::sums). mxfp4's blocks of 32 columns, a step or less, scale every
+// vector and keep their chains.
 template <int F, int NR>
 void qrow(const Row& w, const float* const* xr, float* out) {
   using R = typename V::R;
   // two vector pairs a step, four FMA chains a block, whatever NR: a token's bits do not depend on its batch
   constexpr int W = V::W, P = 2;
-  constexpr bool nib = F == INT4 || F == MXFP4, each = F == MXFP4;
+  constexpr bool nib = F == INT4 || F == MXFP4, each = F == MXFP4, zs = F == INT4 || F == INT8;
   const int K = w.K, bk = w.bk;
   const bool vec = !nib || bk % 2 == 0;  // else blocks may start mid-byte
   const float* x[NR];
@@ -38,14 +39,14 @@ void qrow(const Row& w, const float* const* xr, float* out) {
   }
   for (int g = 0, k0 = 0; k0 < K; ++g, k0 += bk) {
     const size_t k1 = std::min(K, k0 + bk);  // (unsigned columns: a nibble row's byte offset is a shift)
-    const float z = F == INT4 || F == INT8 ? float(w.z[g]) : 0.f, s = block_scale<F>(w, g);
-    const R zv = V::set1(V::kZeroBias + z), sv = V::set1(s);
+    const float s = block_scale<F>(w, g);
+    const R sv = V::set1(s);
     if constexpr (!each)
       for (int r = 0; r < NR; ++r)
         for (int u = 0; u < 2 * P; ++u) p[u][r] = V::zero();
     auto pair = [&](size_t k, int u) {  // columns k .. k + 2W - 1 into chains 2u and 2u + 1
       R a, b;
-      dequant_pair<F>(w.q, k, zv, a, b);
+      dequant_pair<F>(w.q, k, a, b);
       if constexpr (each) a = V::mul(a, sv), b = V::mul(b, sv);
       for (int r = 0; r < NR; ++r) {
         p[2 * u][r] = V::fma(a, V::load(x[r] + k), p[2 * u][r]);
@@ -61,16 +62,18 @@ void qrow(const Row& w, const float* const* xr, float* out) {
       for (; k + 2 * W <= k1; k += 2 * W) pair(k, 0);
       if constexpr (!nib)  // (a nibble row's last columns short of a chunk are in plain order)
         for (; k + W <= k1; k += W) {
-          const R a = V::template dequant<F>(w.q + k, zv);
+          const R a = V::template dequant<F>(w.q + k);
           for (int r = 0; r < NR; ++r) p[0][r] = V::fma(a, V::load(x[r] + k), p[0][r]);
         }
     }
     if constexpr (!each)
       for (int r = 0; r < NR; ++r) acc[r] = V::fma(chains(r), sv, acc[r]);
     for (; k < k1; ++k) {  // the block's last columns, fewer than a step
-      const float v = code_value<F>(w.q, k, z) * s;
+      const float v = code_value<F>(w.q, k, 0.f) * s;
       for (int r = 0; r < NR; ++r) tail[r] += v * x[r][k];
     }
+    if constexpr (zs)
+      for (int r = 0; r < NR; ++r) tail[r] -= s * float(w.z[g]) * x[r][K + g];
   }
   for (int r = 0; r < NR; ++r)
     out[r] = V::sum(each ? chains(r) : acc[r]) + tail[r];
@@ -89,4 +92,5 @@ void qrows(const Row& w, const void* const* x, int nx, float* out) {
   if (i < nx) qrow<F, 1>(w, xf + i, out + i);
 }
 
-const Kernel qkernels[4] = {{qrows<INT4>, kChunk}, {qrows<INT8>, 0}, {qrows<FP8>, 0}, {qrows<MXFP4>, kChunk}};
+const Kernel qkernels[4] = {{qrows<INT4>, kChunk, A_F32, nullptr, true}, {qrows<INT8>, 0, A_F32, nullptr, true},
+                            {qrows<FP8>, 0}, {qrows<MXFP4>, kChunk}};
