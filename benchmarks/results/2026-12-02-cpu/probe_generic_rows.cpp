@@ -1,5 +1,6 @@
 // The generic quantized rows (cpu_moe_qrow.h) per path and format, one core, L1-resident 16 rows,
-// min over 64-call windows; x fp32 in the kernel's chunk order. ./gen K
+// min over 64-call windows; x fp32 rows with their block sums after them (932fab8 reads them; the
+// kernels before it ignore them, as the first table of RESULTS was measured). ./probe_generic_rows K
 #include "cpu_moe.cpp"
 #include <cstdio>
 #include <random>
@@ -36,8 +37,11 @@ int main(int argc, char** argv) {
       const char* sp = f == FP8 ? reinterpret_cast<const char*>(sf.data()) : f == MXFP4 ? reinterpret_cast<const char*>(se.data()) : reinterpret_cast<const char*>(sh.data());
       const size_t ss = f == FP8 ? 4 : f == MXFP4 ? 1 : 2;
       auto row = [&](int j) { return Row{q.data() + j * rb, sp + j * nb * ss, z.data() + j * nb, K, bk, f == FP8 ? F32 : F16}; };
-      std::vector<std::vector<float>> xs(4, std::vector<float>(K));
-      for (auto& x : xs) for (auto& v : x) v = std::normal_distribution<float>(0.f, 1.f)(rng);
+      std::vector<std::vector<float>> xs(4, std::vector<float>(K + nb));  // each row's block sums after it
+      for (auto& x : xs) {
+        for (int k = 0; k < K; ++k) x[k] = std::normal_distribution<float>(0.f, 1.f)(rng);
+        for (int g = 0; g < nb; ++g) { float a = 0; for (int k = g * bk; k < (g + 1) * bk; ++k) a += x[k]; x[K + g] = a; }
+      }
       const void* xp[4] = {xs[0].data(), xs[1].data(), xs[2].data(), xs[3].data()};
       float o[4];
       double r1 = rate([&](long i) { kn.fn(row(i % n), xp, 1, o); }, K);
