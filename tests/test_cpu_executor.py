@@ -116,9 +116,10 @@ def check_parity(ex, dtype, tol, T, K):
     assert rel_err(out, ref.moe_experts(x, gu, down, ids, w)) < tol
 
 
-def test_all_routes_elsewhere_gives_zero(ex):
-    gu, down = make_bank(64, 32, torch.bfloat16)
-    x, ids, w = make_routes(3, 2, torch.int64, torch.bfloat16, 64)
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])  # int8: its rows wait for block sums no phase 1 writes
+def test_all_routes_elsewhere_gives_zero(ex, fmt):
+    gu, down = make_bank(64, 32, torch.bfloat16) if fmt == "bf16" else make_qbank(fmt, 64, 32, 32)
+    x, ids, w = make_routes(3, 2, torch.int64, torch.bfloat16 if fmt == "bf16" else torch.float32, 64)
     out = torch.ones(3, 64)
     ex.run(x, gu, down, torch.full_like(ids, -1), w, out)
     assert torch.equal(out, torch.zeros(3, 64))
@@ -147,8 +148,9 @@ def test_pool_survives_many_jobs(ex):
     assert all(rel_err(o, expect) < 1e-5 for o in outs)
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "int8"])  # int8: one worker writes h's block sums, the others wait
 @pytest.mark.parametrize("spin_us", [0, 300])
-def test_pool_serves_several_submitters_at_once(spin_us):
+def test_pool_serves_several_submitters_at_once(spin_us, fmt):
     """Jobs from several threads queue and each is computed whole, with the workers sleeping
     between jobs or spinning for them."""
     import ctypes
@@ -158,7 +160,7 @@ def test_pool_serves_several_submitters_at_once(spin_us):
     ex = CPUExecutor(3)
     ex._lib.ftmoe_pool_destroy(ex._pool)
     ex._pool = ex._lib.ftmoe_pool_create(3, (ctypes.c_int * 3)(-1, -1, -1), spin_us)
-    gu, down = make_bank(64, 32, torch.float32)
+    gu, down = make_bank(64, 32, torch.float32) if fmt == "fp32" else make_qbank(fmt, 64, 32, 32, symmetric=False)
     errors = []
 
     def submitter(seed: int) -> None:

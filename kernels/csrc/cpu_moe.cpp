@@ -532,7 +532,6 @@ struct Job {
   std::vector<float> rw;        // [R] routing weight of each route
   std::unique_ptr<char[]> h;    // [R, I] act(gate, up), in the order (and layout) of kd
   size_t xn = 0, hn = 0;        // elements from one row of x, of h, to the next (their block sums too)
-  std::atomic<bool> hsums_claimed{false}, hsums{false};  // h's block sums (kd.sums) taken, written
   std::vector<const void*> xr, hr;  // [R] each route's row of x and of h
   int nb1 = 0, n1 = 0, n2 = 0;  // phase-1 blocks per expert, phase-1 units, phase-2 units
   std::atomic<int> next1{0}, done1{0}, next2{0}, done2{0};
@@ -545,7 +544,9 @@ struct Job {
   std::chrono::steady_clock::time_point t0, t1;  // submitted, retired: the CPU branch's duration
 
   void fail(const char* msg) { std::lock_guard<std::mutex> g(m); if (err.empty()) err = msg; }
-  float* h_row(size_t i) { return reinterpret_cast<float*>(h.get() + i * hn * hsz); }
+  void h_sums() {  // every route's h: its block sums after it (kd.sums; a few thousand additions)
+    for (size_t i = 0; i < hr.size(); ++i) block_sums(reinterpret_cast<float*>(h.get() + i * hn * hsz), I, d.bk);
+  }
   int64_t expert(int g) const {
     int64_t e = eid[g];
     if (e < 0 || e >= E)
@@ -647,8 +648,13 @@ void run_units(Job& J, std::atomic<int>& next, int n, void (*fn)(Job&, int), std
     try { fn(J, u); }
     catch (const std::exception& ex) { J.fail(ex.what()); }
     catch (...) { J.fail("unknown error in a CPU expert worker"); }
-    // the last phase-2 unit retires the job; the counts publish the units' results
-    if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n && &done == &J.done2) J.pool->retire(&J);
+    // the last phase-2 unit retires the job; the last phase-1 unit writes h's block sums where the
+    // row kernels take them (counted as one more unit: the barrier waits for them too); the counts
+    // publish the units' results
+    if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+      if (&done == &J.done2) J.pool->retire(&J);
+      else if (J.kd.sums) J.h_sums(), done.fetch_add(1, std::memory_order_release);
+    }
     tick();
   }
 }
@@ -658,16 +664,8 @@ void work(Job& J, Tick tick) {
   run_units(J, J.next1, J.n1, unit1, J.done1, tick);
   // Phase barrier: spin briefly, then yield, since the thread we wait for may be descheduled
   // (more threads than free cores), and a long pause-spin would keep it off the core.
-  for (int spin = 0; J.done1.load(std::memory_order_acquire) < J.n1; ++spin)
+  for (int spin = 0; J.done1.load(std::memory_order_acquire) < J.n1 + (J.n1 && J.kd.sums); ++spin)
     tick(), spin < 64 ? _mm_pause() : std::this_thread::yield();
-  if (J.kd.sums) {  // one thread writes h's block sums (a few thousand additions), the others wait
-    if (!J.hsums_claimed.exchange(true, std::memory_order_acq_rel)) {
-      for (size_t i = 0; i < J.hr.size(); ++i) block_sums(J.h_row(i), J.I, J.d.bk);
-      J.hsums.store(true, std::memory_order_release);
-    }
-    for (int spin = 0; !J.hsums.load(std::memory_order_acquire); ++spin)
-      tick(), spin < 64 ? _mm_pause() : std::this_thread::yield();
-  }
   run_units(J, J.next2, J.n2, unit2, J.done2, tick);
 }
 
