@@ -231,6 +231,32 @@ def test_a_built_library_loads_without_torchs_builder():
     assert [r.stdout.strip() for r in runs][1:] == ["False"], [r.stdout + r.stderr for r in runs]  # the first may build
 
 
+def test_loading_the_library_runs_only_baseline_instructions():
+    """The code the loader runs (static initialisers, and what they call inside the library) uses
+    no AVX / AVX-512 instruction (VEX or EVEX encoded): the SIMD paths are picked at run time, so
+    a CPU without them must still load the library. A table built in an AVX-512 region did not."""
+    import re
+    import shutil
+    import subprocess
+    lib = cpu_executor._library()
+    if lib is None or shutil.which("objdump") is None:
+        pytest.skip("no built library or no objdump here")
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", lib._name], capture_output=True, text=True,
+                         check=True).stdout
+    funcs = dict(re.findall(r"^[0-9a-f]+ <([^>]+)>:\n(.*?)(?:\n\n|\Z)", asm, re.S | re.M))
+    todo = [f for f in funcs if f.startswith("_GLOBAL__sub_I")]
+    assert todo, "no static initialiser found: the check would pass vacuously"
+    seen = set()
+    while todo:
+        f = todo.pop()
+        if f in seen or f not in funcs:  # outside the library (@plt): libc, libstdc++
+            continue
+        seen.add(f)
+        wide = [ln for ln in funcs[f].splitlines() if re.search(r":\tv[a-z0-9]+\s|%[yz]mm|%k[0-7]\b", ln)]
+        assert not wide, (f, wide[:3])
+        todo += re.findall(r"\b(?:call|jmp)\s+[0-9a-f]+ <([^>+]+)>", funcs[f])  # calls, tail calls
+
+
 def test_more_threads_than_allowed_are_capped(monkeypatch):
     """A pool never has more workers than the cores left beside the host threads (on a 4-core
     machine: 2), however many are asked for, and still computes."""

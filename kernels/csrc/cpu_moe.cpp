@@ -395,6 +395,17 @@ BF16_T void rows_dpbf16(const Row& w, const void* const* x, int nx, float* out) 
 // once a step; blocks of 64 columns or more are summed unscaled and scaled once a block.
 // Activations whose lo halves are all zero (exactly bf16: a bf16 model's x) take the variant that
 // skips them.
+// The int4 code tables of the BF16 dot products, built when the library loads: outside every
+// target region, so that the loader runs no instruction the CPU may lack.
+struct CodeTables {
+  alignas(64) uint16_t t[17][32] = {};
+  CodeTables() {
+    for (int z = 0; z < 17; ++z)
+      for (int c = 0; c < 16; ++c) t[z][c] = f2bf(float(c - z));
+  }
+};
+const CodeTables kCodeTables;
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512bf16")
 namespace bf16q {
@@ -407,16 +418,8 @@ inline __m512i bf16_table(__m512 v) {  // bf16 of v's lane c in 16-bit lane c, c
   return _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v));
 }
 // int4: bf16 (c - z) in 16-bit lane c. Zero points up to 16 (a gptq-format zero is stored minus one)
-// come from tables built once: a row whose zero points change from block to block (AWQ, asymmetric
-// GPTQ) loads its table instead of computing it (a row with a new zero point every block: 1.2x).
-struct CodeTables {
-  alignas(64) uint16_t t[17][32] = {};
-  CodeTables() {
-    for (int z = 0; z < 17; ++z)
-      for (int c = 0; c < 16; ++c) t[z][c] = f2bf(float(c - z));
-  }
-};
-const CodeTables kCodeTables;
+// come from tables built once (kCodeTables): a row whose zero points change from block to block (AWQ,
+// asymmetric GPTQ) loads its table instead of computing it (a row with a new zero point every block: 1.2x).
 inline __m512i code_table(int z) {
   if (z < 17) return _mm512_load_si512(kCodeTables.t[z]);
   const __m512 c = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
