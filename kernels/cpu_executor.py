@@ -33,6 +33,12 @@ _lib: ctypes.CDLL | None = None
 _lib_error: str | None = None
 
 
+# -ffp-contract=off: every expression is rounded as written, whichever compiler and however it
+# vectorizes a loop (a scalar a * b - c fused in one instantiation of a row kernel and not in another
+# made a token's bits depend on how many routes shared its expert, with one compiler)
+CFLAGS = ["-O3", "-ffp-contract=off"]
+
+
 def _build() -> ctypes.CDLL:
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
@@ -44,7 +50,8 @@ def _build() -> ctypes.CDLL:
     # mismatched ABI. Where the build root is set (the engine sets it: engine.config), a library
     # built before is loaded as it is: torch's builder would check it through ninja and the
     # compiler first, seconds of subprocesses in a large process.
-    sources = b"".join(f.read_bytes() for f in sorted(_SRC.parent.iterdir())) + torch.__version__.encode()
+    sources = b"".join(f.read_bytes() for f in sorted(_SRC.parent.iterdir())) + torch.__version__.encode() + \
+        " ".join(CFLAGS).encode()
     name = f"freetoken_cpu_moe_{hashlib.sha256(sources).hexdigest()[:12]}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     try:
@@ -53,7 +60,7 @@ def _build() -> ctypes.CDLL:
         lib = None
     if lib is None:
         from torch.utils.cpp_extension import load
-        lib = ctypes.CDLL(load(name, [str(_SRC)], extra_cflags=["-O3"], is_python_module=False))
+        lib = ctypes.CDLL(load(name, [str(_SRC)], extra_cflags=CFLAGS, is_python_module=False))
     p, i = ctypes.c_void_p, ctypes.c_int
     m, a = ctypes.POINTER(_Mat), ctypes.POINTER(_ExpertAct)
     for fn, args, res in [("pool_create", [i, p, i], p), ("pool_destroy", [p], None),
