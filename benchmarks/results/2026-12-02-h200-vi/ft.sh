@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# freetoken from the tree $1: ft.sh TREE ARGS...
+tree=$1; shift; cd $tree && PYTHONPATH=$tree:/tmp/site exec python3 -m freetoken_cli.main "$@"
