@@ -384,6 +384,17 @@ BF16_T void rows_dpbf16(const Row& w, const void* const* x, int nx, float* out) 
   if (i < nx) dpbf16_block<1>(wp, xp + i, w.K, out + i);
 }
 
+// The int4 code tables of the BF16 dot products below, built when the library loads: outside every
+// target region, so that the loader runs no instruction the CPU may lack.
+struct CodeTables {
+  alignas(64) uint16_t t[17][32] = {};
+  CodeTables() {
+    for (int z = 0; z < 17; ++z)
+      for (int c = 0; c < 16; ++c) t[z][c] = f2bf(float(c - z));
+  }
+};
+const CodeTables kCodeTables;
+
 // ---- int4 and mxfp4 rows through the AVX-512 BF16 dot products ----
 // A code minus its zero point (int4: an integer of at most 8 bits) and an e2m1 value are exact in
 // bf16, and the product of two bf16 is exact in fp32: the codes' dots with the activations' hi and
@@ -395,17 +406,6 @@ BF16_T void rows_dpbf16(const Row& w, const void* const* x, int nx, float* out) 
 // once a step; blocks of 64 columns or more are summed unscaled and scaled once a block.
 // Activations whose lo halves are all zero (exactly bf16: a bf16 model's x) take the variant that
 // skips them.
-// The int4 code tables of the BF16 dot products, built when the library loads: outside every
-// target region, so that the loader runs no instruction the CPU may lack.
-struct CodeTables {
-  alignas(64) uint16_t t[17][32] = {};
-  CodeTables() {
-    for (int z = 0; z < 17; ++z)
-      for (int c = 0; c < 16; ++c) t[z][c] = f2bf(float(c - z));
-  }
-};
-const CodeTables kCodeTables;
-
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512bf16")
 namespace bf16q {
