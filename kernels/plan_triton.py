@@ -4,7 +4,9 @@ Reads and updates the residency tables, clock and q on the device, so a decode s
 syncs with the host. Routes are deduplicated and misses ranked by pairwise comparison of the
 N = T*K routes ([BLOCK_N, BLOCK_N] tiles, N <= 256); victims are the F smallest composite keys
 (last_use, slot) over S slots, found in one pass over blocks of S that keep the F best in
-registers (iterative min-extraction of the few keys below the running threshold).
+registers (iterative min-extraction of the few keys below the running threshold). The step's hits
+count as last used at the clamp during that pass, like reserved slots (their last_use is set to
+the step's clock after it), so a block of slots costs one load and one comparison a slot.
 """
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ import triton.language as tl
 
 _IDX = 20                                   # slot index bits of a key (S < 2^20)
 IDX, IDX_MASK = tl.constexpr(_IDX), tl.constexpr((1 << _IDX) - 1)
-LU_MAX = tl.constexpr(1 << 40)              # last_use is clamped here (clocks stay far below)
-BIG = tl.constexpr(1 << 61)                 # + slot: protected slots (hits of this step) last
+LU_MAX = tl.constexpr(1 << 40)              # last_use is clamped here (clocks stay far below):
+                                            # reserved slots and, during the scan, this step's hits
 INF, NEG = tl.constexpr(1 << 62), tl.constexpr(-(1 << 62))   # empty / inert candidate
 DEAD = tl.constexpr((1 << 62) + 1)          # key already taken or out of range
 
@@ -61,16 +63,15 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     recurring = tl.sum((missf & (sn >= 0) & (sn >= c - n_layers)).to(tl.int32), axis=0) > 0
     f = tl.where((qv > 0.0) & (qv < 1.0) & recurring, tl.maximum(f, 1), f)
     f = tl.minimum(f, S - n_hit)
-    # victims: the f smallest keys (last_use, slot), protected slots keyed BIG + slot
-    hs = tl.where(hitf, slot, -1)                                # [BLOCK_N] protected slots
+    # victims: the f smallest keys (last_use, slot); the hits are protected by last_use at the clamp
+    tl.store(last_use + slot, LU_MAX, mask=hitf)
+    tl.debug_barrier()                                           # before any lane's scan reads it
     cand = tl.where(ln < f, INF, NEG).to(tl.int64)              # [BLOCK_N]; lanes >= f inert
     for s0 in range(0, tl.where(f > 0, S, 0), BLOCK_S):       # nothing to fill: no scan
         offs = s0 + tl.arange(0, BLOCK_S)                        # [BLOCK_S] slots
         ms = offs < S
         lu = tl.minimum(tl.load(last_use + offs, mask=ms, other=0).to(tl.int64), LU_MAX)
-        prot = tl.sum((offs[:, None] == hs[None, :]).to(tl.int32), axis=1) > 0
-        key = tl.where(prot, BIG, (lu + 1) << IDX) + offs
-        key = tl.where(ms, key, DEAD)
+        key = tl.where(ms, ((lu + 1) << IDX) + offs, DEAD)
         n_take = tl.minimum(tl.sum((key < tl.max(cand, axis=0)).to(tl.int32), axis=0), f)
         for _ in range(0, n_take):                               # keys below the threshold
             mk = tl.min(key, axis=0)
@@ -132,14 +133,14 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     assert N <= 256 and S < 2 ** _IDX and out_fetch.numel() == n_out >= min(N, S)
     assert out_route.is_contiguous() and out_route.numel() == N and out_counts.numel() >= 6
     block_n = max(16, triton.next_power_of_2(N))
-    block_s = block_s or min(triton.next_power_of_2(S), max(64, 16384 // block_n))
+    block_s = block_s or min(triton.next_power_of_2(S), 4096)
     x, w, x_h, ids_h, w_h, n_h, go, value = stage or (ids, ids, ids, ids, ids, ids, ids, 0)
     assert stage is None or (x.is_contiguous() and w.is_contiguous() and w.numel() == N)
     _plan_kernel[(1,)](ids.contiguous(), slot_of, owner_of, last_use, seen, clock, q, out_route,
                        out_victims, out_fetch, out_counts, N, S, n_out, layer * n_experts,
                        slot_of.numel() // n_experts, x, w, x_h, ids_h, w_h, n_h, go, value, x.numel(),
                        STAGE=stage is not None, BLOCK_X=1024, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_O=triton.next_power_of_2(n_out),
-                       num_warps=4 if block_n <= 64 else 8)
+                       num_warps=max(4 if block_n <= 64 else 8, min(16, block_s // 256)))
 
 
 def bench_plan(T: int = 1, K: int = 8, S: int = 800, E: int = 128, L: int = 48,

@@ -528,11 +528,13 @@ def _check_invariants(slot_of, owner_of, ids, layer, E, route):
     assert (route[ids < 0] == -1).all()                            # another rank's route: untouched
 
 
-def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0, foreign=0.0):
+def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0, foreign=0.0, reserved=0):
     """steps plan calls on random routing: kernel and ref.plan agree on every table and output.
-    foreign: the share of routes given id -1 (another rank's expert)."""
+    foreign: the share of routes given id -1 (another rank's expert); reserved: slots taken out
+    as prefill buffers are (last_use at its maximum), which no step may pick."""
     gen = torch.Generator().manual_seed(seed)
     host = _tables(L, E, S)
+    host[2][S - reserved:] = torch.iinfo(torch.int64).max
     dev = [t.clone().to(DEV) for t in host]                      # never aliases host
     clock, qt = torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([q], dtype=torch.float64, device=DEV)
     n_out = t_max * K
@@ -559,7 +561,8 @@ def _plan_sequence(q, L, E, K, S, t_max, steps, block_s=None, seed=0, foreign=0.
         for a, b in zip(dev, host):
             assert torch.equal(a.cpu(), b), step
         _check_invariants(host[0], host[1], ids, layer, E, r_route)
-    assert host[1].ge(0).all() == (q > 0)                          # the pool filled up iff q > 0
+    assert (host[1][S - reserved:] == -1).all()                    # the reserved slots stayed empty
+    assert host[1][:S - reserved].ge(0).all() == (q > 0)           # the pool filled up iff q > 0
 
 
 @pytest.mark.parametrize("q", [0.0, 1.0, 0.37, 0.5, 1 / 3])  # 1/3: F ties decided by float64 rounding
@@ -576,6 +579,12 @@ def test_plan_many_blocks_of_slots(q):
 def test_plan_skips_routes_of_other_ranks(q):
     """Experts across ranks: a route with id -1 stays -1 and is neither a hit nor a miss."""
     _plan_sequence(q, L=3, E=8, K=3, S=10, t_max=3, steps=120, seed=30 + int(q * 10), foreign=0.4)
+
+
+@pytest.mark.parametrize("q", [0.5, 1.0])
+def test_plan_leaves_reserved_slots_alone(q):
+    """Hits and reserved slots both rank last for eviction (in slot order, as the reference)."""
+    _plan_sequence(q, L=3, E=8, K=3, S=16, t_max=2, steps=120, block_s=8, seed=40 + int(q * 10), reserved=3)
 
 
 def test_plan_prefill_sized_step():
