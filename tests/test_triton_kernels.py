@@ -668,12 +668,18 @@ def test_router_matches_ref(dtype, T, E, K, scoring, norm, scaling, bias, groups
 @pytest.mark.gpu
 def test_uniform_routing_on_the_device_draws_k_distinct_experts_evenly():
     """The bench's uniform routing in the router kernel: k distinct ids per token, every expert
-    about equally often."""
+    about equally often; a decode-sized step's layers drawn at its first layer, independently."""
     from engine.moe.replay import Uniform
     ids = Uniform(64)(0, torch.zeros(4096, 8, dtype=torch.int64, device="cuda")).cpu()
     assert ids.shape == (4096, 8) and all(len(set(r.tolist())) == 8 for r in ids)
     counts = torch.bincount(ids.flatten(), minlength=64).float()
     assert counts.min() > 0.8 * 512 and counts.max() < 1.2 * 512
+    u, x = Uniform(64, n_layers=3), torch.zeros(2, 8, dtype=torch.int64, device="cuda")
+    steps = [torch.stack([u(layer, x) for layer in range(3)]).cpu() for _ in range(300)]  # [3, 2, 8] each
+    assert all(len(set(r.tolist())) == 8 for s in steps for r in s.view(-1, 8))
+    counts = torch.bincount(torch.stack(steps).flatten(), minlength=64).float()       # 14400 draws
+    assert counts.min() > 0.8 * 225 and counts.max() < 1.2 * 225
+    assert not torch.equal(steps[0][0], steps[0][1]) and not torch.equal(steps[0][0], steps[1][0])
 
 # ---------------------------------------------------------------- attention prologue
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -759,22 +765,27 @@ def test_centered_and_gated_norm_kernels_match_reference(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_merge_matches_torch(dtype):
     """The host partial sum merged back (and the routes summed), against plain torch; the
-    answer flag is re-armed."""
+    answer flag is re-armed. Without the host part: the routes summed in order and cast."""
     _need(dtype)
-    from kernels.merge_triton import merge_cpu_output
+    from kernels.merge_triton import merge_routes
     gen = torch.Generator().manual_seed(3)
     T, K, H, Tmax = 3, 6, 1100, 4                                  # H not a multiple of the block
     host = dict(pin_memory=True) if CUDA else {}
     out, out_h = torch.randn(T, H, generator=gen), torch.randn(Tmax, H, generator=gen)
     flags = torch.tensor([3, 7], dtype=torch.int32, **host)         # go, done
-    y = merge_cpu_output(out.to(DEV), out_h.pin_memory() if CUDA else out_h, dtype, flags[1:2])
+    y = merge_routes(out.to(DEV), dtype, out_h.pin_memory() if CUDA else out_h, flags[1:2])
     if CUDA:
         torch.cuda.synchronize()
     assert y.dtype == dtype and torch.equal(y.cpu(), (out + out_h[:T]).to(dtype))
     assert flags.tolist() == [3, 0]                                 # the answer re-armed
     per_route = torch.randn(T, K, H, generator=gen)                  # summed over the routes here
-    y = merge_cpu_output(per_route.to(DEV), out_h.pin_memory() if CUDA else out_h, torch.float32, flags[1:2])
+    y = merge_routes(per_route.to(DEV), torch.float32, out_h.pin_memory() if CUDA else out_h, flags[1:2])
     want = out_h[:T].clone()
     for k in range(K):
         want += per_route[:, k]
     torch.testing.assert_close(y.cpu(), want, rtol=1e-6, atol=1e-6)
+    y = merge_routes(per_route.to(DEV), dtype)                      # no CPU branch: the routes alone
+    want = per_route[:, 0].clone()
+    for k in range(1, K):
+        want += per_route[:, k]
+    assert y.dtype == dtype and torch.equal(y.cpu(), want.to(dtype))

@@ -105,12 +105,14 @@ class DeviceControl:
         self._plan(ids, layer, route, n, (x.contiguous(), weights.contiguous(), self.x_h, self.ids_h, self.w_h,
                                           self.nfill, self.flags[0:1], go) if signals else None)
         self._fill(layer, n, (self.fill_count, self.flags[2:3], go) if signals else None)
-        if signals:  # the merge sums the routes (moe_experts_auto on CUDA) and adds the CPU's part
-            from kernels.cuda_memops import wait_value
-            from kernels.merge_triton import merge_cpu_output
+        if self.cuda:  # the merge sums the routes (moe_experts_auto on CUDA) and adds the CPU's part
+            from kernels.merge_triton import merge_routes
             out = rt.run_cached(x, route, weights, reduce=False)
+            if not signals:
+                return merge_routes(out, x.dtype)
+            from kernels.cuda_memops import wait_value
             wait_value(self.done, go)
-            return merge_cpu_output(out, self.out_h, x.dtype, self.flags[1:2])
+            return merge_routes(out, x.dtype, self.out_h, self.flags[1:2])
         out = rt.run_cached(x, route, weights)
         if may_cpu:  # tests: the executor directly, same inputs
             out_h = torch.empty(x.shape, dtype=torch.float32)
