@@ -39,17 +39,28 @@ class Replay:
 
 
 class Uniform:
-    def __init__(self, n_experts: int, seed: int = 0):
-        self.n, self.gen = n_experts, torch.Generator().manual_seed(seed)
+    # draws of one step's layers together at most (decode-sized steps; a prefill chunk's per layer)
+    STEP_DRAWS = 1 << 20
+
+    def __init__(self, n_experts: int, n_layers: int = 1, seed: int = 0):
+        self.n, self.layers, self.gen = n_experts, n_layers, torch.Generator().manual_seed(seed)
+        self.step = None
 
     def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
         """The k largest of E uniform draws per token: on CUDA in the router's one kernel (torch's
-        topk takes three, ~11 us a layer that no model's routing pays), on the default generator,
-        which is graph-safe."""
+        topk takes three), on the default generator, which is graph-safe, and for a decode-sized
+        step every layer's at its first MoE layer (the draw and the kernel once a step, not ~5 us
+        a layer that no model's routing pays)."""
+        T, K = ids.shape
         if ids.device.type == "cpu":
-            return torch.rand(ids.shape[0], self.n, generator=self.gen).topk(ids.shape[1], dim=-1).indices
+            return torch.rand(T, self.n, generator=self.gen).topk(K, dim=-1).indices
         from kernels.router_triton import route
-        return route(torch.rand(ids.shape[0], self.n, device=ids.device), ids.shape[1], "sigmoid", False, 1.0)[1]
+        if T * self.layers * self.n > self.STEP_DRAWS:
+            return route(torch.rand(T, self.n, device=ids.device), K, "sigmoid", False, 1.0)[1]
+        if layer == 0:
+            draws = torch.rand(self.layers * T, self.n, device=ids.device)
+            self.step = route(draws, K, "sigmoid", False, 1.0)[1].view(self.layers, T, K)
+        return self.step[layer]
 
 
 class Recorder:
@@ -82,5 +93,5 @@ def make_routing(spec: str, n_layers: int, n_experts: int, top_k: int, seed: int
     if spec == "model":
         return None
     if spec == "uniform":
-        return Uniform(n_experts, seed)
+        return Uniform(n_experts, n_layers, seed)
     return Replay(Path(spec[6:]), n_layers, n_experts, top_k)
