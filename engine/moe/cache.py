@@ -125,5 +125,10 @@ class ExpertCache:
         return self.pool.numel()
 
     @property
+    def holds_all(self) -> bool:
+        """Whether every expert has a slot (then all are resident once loaded)."""
+        return self.n_slots >= self.n_layers * self.n_experts
+
+    @property
     def occupancy(self) -> float:
         return self.tables.owned / self.n_slots

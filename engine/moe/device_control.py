@@ -31,7 +31,7 @@ class DeviceControl:
         self.stats = self.counts[3:]
         self.q = torch.ones(n_layers, dtype=torch.float64, device=dev)  # float64: the host's split rule exactly
         self.q_host = [1.0] * n_layers
-        self.poller = None
+        self.poller, self.branch = None, True
         if self.cuda and any(rt.policy.may_cpu(layer) for layer in range(n_layers)):
             self._start_poller(max_tokens, top_k)
 
@@ -60,14 +60,17 @@ class DeviceControl:
         """After a step was launched: with a CPU branch, the host thread sleeps until the step is
         done (a blocking event) instead of the spinning wait of the next read from the device, which
         would take a core from the CPU branch's workers."""
-        if self.poller is not None:
+        if self.poller is not None and self.branch:
             self.replayed.record()
             self.replayed.synchronize()
 
     def set_q(self) -> None:
-        """Copy the policy's per-layer decode q at the current q* into device data (outside any graph)."""
-        policy, q_star = self.rt.policy, self.rt.qstar.value
-        q = [policy.q(layer, False, q_star) for layer in range(self.q.numel())]
+        """Copy the per-layer decode q at the current q* (ExpertRuntime.q) into device data
+        (outside any graph), and note whether any layer step has a CPU branch (graphs are captured
+        again when that changes: an elastic resize)."""
+        rt, layers = self.rt, range(self.q.numel())
+        self.branch = any(rt.cpu_misses(layer) for layer in layers)
+        q = [rt.q(layer, False) for layer in layers]
         if q != self.q_host:
             self.q.copy_(torch.tensor(q, dtype=torch.float64), non_blocking=True)  # (no wait for a step run ahead)
             self.q_host = q
@@ -99,7 +102,7 @@ class DeviceControl:
         T, K = ids.shape
         n = T * K
         route = self.route[:n].view(T, K)
-        may_cpu = rt.policy.may_cpu(layer)
+        may_cpu = rt.cpu_misses(layer)
         signals = may_cpu and self.cuda
         go = (layer + 1) | (T << 20)  # this step's value of the CPU branch's flags
         self._plan(ids, layer, route, n, (x.contiguous(), weights.contiguous(), self.x_h, self.ids_h, self.w_h,
