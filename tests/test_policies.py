@@ -116,7 +116,7 @@ def test_probe_times_the_cpu_when_no_step_uses_it(tiny_model):
     qs.estimator = BandwidthEstimator(50e9, 1e3, min_bytes=0)          # the CPU looked almost stalled
     experts = [0]
     rt.device_ctl = SimpleNamespace(poller=SimpleNamespace(stats=lambda: (experts[0], experts[0], 1.0, 0, 0.0)),
-                                    set_q=lambda: None, close=lambda: None)
+                                    set_q=lambda: None, close=lambda: None, branch=True)
     for _ in range(qstar_mod.PROBE_STEPS):
         rt.before_step()
     assert qs._probe is not None and qs.estimator.b_h == 1e3          # submitted, not yet folded in

@@ -62,9 +62,10 @@ class ExpertRuntime:
 
     def before_step(self) -> None:
         """Between steps (graph mode): fold the poller's timings into q* and publish it to the device."""
-        if self.device_ctl is not None:
-            self.qstar.graph_step(self.device_ctl.poller)
-            self.device_ctl.set_q()
+        ctl = self.device_ctl
+        if ctl is not None:  # (without a CPU branch nothing reaches the poller, and no CPU probe is needed)
+            self.qstar.graph_step(ctl.poller if ctl.branch else None)
+            ctl.set_q()
 
     def after_graph_step(self) -> None:
         """After a decode graph was replayed: wait for it without spinning where the CPU branch runs."""
