@@ -115,7 +115,6 @@ def test_prefill_warm_up_leaves_no_trace(tiny_model, arch, budget):
     assert greedy(e, prompt, 6) == want
 
 
-
 def test_no_cpu_branch_while_the_cache_holds_every_expert(tiny_model):
     """Device-controlled decode (here with the device tables on the CPU) of a cache that holds
     every expert has no CPU branch, whatever the policy: a miss (the load's first steps) is
