@@ -289,7 +289,6 @@ def rebuild_experts(runner: ModelRunner, store: HostExpertStore, config: EngineC
     if graph:
         from engine.moe.device_control import DeviceControl
         runtime.device_ctl = DeviceControl(runtime, config.max_running, cfg.router.top_k, runner.kv.k.dtype)
-        runtime.device_ctl.set_q()  # the capture's warm-up steps must follow the policy too
     clock.mark("experts")
     if runner.device.type == "cuda":
         store.pin()
@@ -365,6 +364,7 @@ def capture_graphs(runner: ModelRunner, max_running: int) -> None:
     """Capture the decode graphs against the current expert cache and tables; the capture's
     warm-up steps run on dummy tokens, so they leave the tables empty and the counters unmoved."""
     from engine.graphs import DecodeGraphs
+    runner.runtime.device_ctl.set_q()  # the warm-up steps follow the cache's policy (its CPU branch or none)
     runner.graphs = DecodeGraphs(runner.model, runner.kv, -(-runner.max_context // runner.kv.page_size),
                                  max_running, runner.runtime.device_ctl.counts, runner.states)
     runner.runtime.cache.tables.clear()
