@@ -118,7 +118,7 @@ def test_prefill_warm_up_leaves_no_trace(tiny_model, arch, budget):
 def test_no_cpu_branch_while_the_cache_holds_every_expert(tiny_model):
     """Device-controlled decode (here with the device tables on the CPU) of a cache that holds
     every expert has no CPU branch, whatever the policy: a miss (the load's first steps) is
-    fetched, and the answers are eager decode's. A cache that holds fewer keeps the branch."""
+    fetched, and the answers are eager decode's. Resized to hold fewer, it has the branch again."""
     _, _, ftw = tiny_model("qwen3_moe")
     prompt = torch.randint(0, 256, (10,), generator=torch.Generator().manual_seed(6)).tolist()
     want = greedy(load(ftw, device="cpu", graph=False, moe_policy="adaptive"), prompt, 6)
@@ -131,8 +131,7 @@ def test_no_cpu_branch_while_the_cache_holds_every_expert(tiny_model):
     assert greedy(e, prompt, 6) == want
     st = rt.cache.stats
     assert st.misses > 0 and st.cpu == 0 and st.fetched == st.misses
-    layer_bytes = rt.store.n_experts * rt.store.layout.slot_bytes
-    small = load(ftw, device="cpu", graph=True, moe_policy="adaptive", expert_budget=2 * layer_bytes).runtime
-    small.qstar.start(1.0, 1.0, online=False)
-    small.device_ctl.set_q()
-    assert not small.cache.holds_all and small.device_ctl.branch and set(small.device_ctl.q_host) == {0.5}
+    from engine.elastic import resize_experts
+    resize_experts(e, 2 * rt.store.n_experts * rt.store.layout.slot_bytes, 1)    # two layers' experts
+    rt.device_ctl.set_q()
+    assert not rt.cache.holds_all and rt.device_ctl.branch and set(rt.device_ctl.q_host) == {0.5}

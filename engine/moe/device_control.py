@@ -31,9 +31,10 @@ class DeviceControl:
         self.stats = self.counts[3:]
         self.q = torch.ones(n_layers, dtype=torch.float64, device=dev)  # float64: the host's split rule exactly
         self.q_host = [1.0] * n_layers
-        self.poller, self.branch = None, True
+        self.poller, self.slots = None, None
         if self.cuda and any(rt.policy.may_cpu(layer) for layer in range(n_layers)):
             self._start_poller(max_tokens, top_k)
+        self.set_q()
 
     def _start_poller(self, max_tokens: int, top_k: int) -> None:
         from engine.errors import UserError
@@ -65,12 +66,16 @@ class DeviceControl:
             self.replayed.synchronize()
 
     def set_q(self) -> None:
-        """Copy the per-layer decode q at the current q* (ExpertRuntime.q) into device data
-        (outside any graph), and note whether any layer step has a CPU branch (graphs are captured
-        again when that changes: an elastic resize)."""
-        rt, layers = self.rt, range(self.q.numel())
-        self.branch = any(rt.cpu_misses(layer) for layer in layers)
-        q = [rt.q(layer, False) for layer in layers]
+        """Copy the per-layer decode q at the current q* (the policy's; 1 without a CPU branch) into
+        device data (outside any graph). Which layer steps have a CPU branch follows the cache's
+        size, looked at again when it changed (an elastic resize, whose graphs are captured again)."""
+        rt = self.rt
+        if self.slots != rt.cache.n_slots:
+            self.slots = rt.cache.n_slots
+            self.cpu_layers = [rt.cpu_misses(layer) for layer in range(self.q.numel())]
+            self.branch = any(self.cpu_layers)
+        policy, q_star = rt.policy, rt.qstar.value
+        q = [policy.q(layer, False, q_star) if cpu else 1.0 for layer, cpu in enumerate(self.cpu_layers)]
         if q != self.q_host:
             self.q.copy_(torch.tensor(q, dtype=torch.float64), non_blocking=True)  # (no wait for a step run ahead)
             self.q_host = q
@@ -102,7 +107,7 @@ class DeviceControl:
         T, K = ids.shape
         n = T * K
         route = self.route[:n].view(T, K)
-        may_cpu = rt.cpu_misses(layer)
+        may_cpu = self.cpu_layers[layer]
         signals = may_cpu and self.cuda
         go = (layer + 1) | (T << 20)  # this step's value of the CPU branch's flags
         self._plan(ids, layer, route, n, (x.contiguous(), weights.contiguous(), self.x_h, self.ids_h, self.w_h,

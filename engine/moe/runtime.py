@@ -56,10 +56,6 @@ class ExpertRuntime:
         graph decode the CPU branch's staging, signals and merge from the host in every step."""
         return self.policy.may_cpu(layer) and not (self.cache.holds_all and self.policy.cacheable(layer))
 
-    def q(self, layer: int, scan: bool) -> float:
-        """The fetched share of this layer step's misses (engine.moe.policy) at the current q*."""
-        return self.policy.q(layer, scan, self.qstar.value) if self.cpu_misses(layer) else 1.0
-
     def before_step(self) -> None:
         """Between steps (graph mode): fold the poller's timings into q* and publish it to the device."""
         ctl = self.device_ctl
@@ -165,7 +161,8 @@ class ExpertRuntime:
         """Plan against the cache, fill the fetched misses, run the CPU misses concurrently, merge.
         -> (out [T, H] float32, the next layer's residency after the plan (_ahead))."""
         c = self.cache
-        route, victims, fetch, hits, misses = c.tables.plan(ids_h, layer * c.n_experts, self.q(layer, scan), cold=scan)
+        q = self.policy.q(layer, scan, self.qstar.value) if self.cpu_misses(layer) else 1.0
+        route, victims, fetch, hits, misses = c.tables.plan(ids_h, layer * c.n_experts, q, cold=scan)
         ahead = self._ahead(layer) if scan else None  # read at the plan's sync, before any work is queued
         route = route.view(ids_h.shape)
         cpu_ids = torch.where(route < 0, ids_h, -1)
