@@ -31,7 +31,7 @@ class DeviceControl:
         self.stats = self.counts[3:]
         self.q = torch.ones(n_layers, dtype=torch.float64, device=dev)  # float64: the host's split rule exactly
         self.q_host = [1.0] * n_layers
-        self.poller, self.slots = None, None
+        self.poller, self._slots_seen = None, None
         if self.cuda and any(rt.policy.may_cpu(layer) for layer in range(n_layers)):
             self._start_poller(max_tokens, top_k)
         self.set_q()
@@ -70,8 +70,8 @@ class DeviceControl:
         device data (outside any graph). Which layer steps have a CPU branch follows the cache's
         size, looked at again when it changed (an elastic resize, whose graphs are captured again)."""
         rt = self.rt
-        if self.slots != rt.cache.n_slots:
-            self.slots = rt.cache.n_slots
+        if self._slots_seen != rt.cache.n_slots:
+            self._slots_seen = rt.cache.n_slots
             self.cpu_layers = [rt.cpu_misses(layer) for layer in range(self.q.numel())]
             self.branch = any(self.cpu_layers)
         policy, q_star = rt.policy, rt.qstar.value
