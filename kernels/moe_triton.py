@@ -111,7 +111,10 @@ def _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, 
     cq = k0 // PER + (tl.arange(0, SG) * GW)[:, None] + tl.arange(0, GW)[None, :]   # [SG, GW]
     ptrs = q_ptr + rows[:, None, None] * sq_r + cq[None, :, :]
     mr3 = mr[:, None, None]
-    kx = cq[:, :, None] * PER + tl.arange(0, PER)[None, None, :]                  # [SG, GW, PER]
+    if PER == 1:   # x in w's own shape, each thread its own columns: no staging through shared memory
+        kx = cq[None, :, :] + 0 * rows[:, None, None]                               # [R, SG, GK]
+    else:          # a word's PER columns together (read per code in w's shape: 12-35% slower)
+        kx = cq[:, :, None] * PER + tl.arange(0, PER)[None, None, :]              # [SG, GW, PER]
     if EVEN_K:
         w = tl.load(ptrs, mask=mr3, other=0.0)
         x = tl.load(x_ptr + kx).to(tl.float32)
@@ -121,9 +124,9 @@ def _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, 
     kg = k0 + tl.arange(0, SG) * GK                      # first column of each chunk
     mg = mr[:, None] if EVEN_K else mr[:, None] & (kg < Kdim)[None, :]
     if FMT == "plain":                                   # rounded to x's dtype, as the reference
-        part = tl.sum(w.to(XDT).to(tl.float32) * tl.reshape(x, [1, SG, GK]), axis=2)
+        part = tl.sum(w.to(XDT).to(tl.float32) * x, axis=2)
     elif FMT == "fp8":
-        part = tl.sum(w.to(tl.float32) * tl.reshape(x, [1, SG, GK]), axis=2)
+        part = tl.sum(w.to(tl.float32) * x, axis=2)
     elif FMT == "mxfp4":
         part = _word_dots(w, x, None, FMT)
     else:
@@ -141,8 +144,7 @@ def _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, 
 def _gate_up_kernel(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, slot_ptr,
                     h_ptr, b_ptr, sb_s, H, I, K, sx_t, alpha, limit, shift, FMT: tl.constexpr,
                     BN: tl.constexpr, BK: tl.constexpr, GK: tl.constexpr, BLOCK_I: tl.constexpr,
-                    BLOCK_H: tl.constexpr, EVEN_K: tl.constexpr, BIAS: tl.constexpr, CLAMP: tl.constexpr,
-                    STAGES: tl.constexpr):
+                    BLOCK_H: tl.constexpr, EVEN_K: tl.constexpr, BIAS: tl.constexpr, CLAMP: tl.constexpr):
     r, ib = tl.program_id(0), tl.program_id(1)           # route r = t*K + k, block of I rows
     slot = tl.load(slot_ptr + r).to(tl.int64)
     j = tl.arange(0, 2 * BLOCK_I)                        # gate and up rows interleaved
@@ -153,7 +155,7 @@ def _gate_up_kernel(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz
     q_ptr, s_ptr, z_ptr = q_ptr + slot * sq_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s
     x_ptr += (r // K) * sx_t
     acc = tl.zeros([2 * BLOCK_I, BLOCK_H // GK], tl.float32)
-    for h0 in tl.range(0, H, BLOCK_H, num_stages=STAGES):
+    for h0 in range(0, H, BLOCK_H):
         acc += _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mi, h0, H, sq_r, ss_r, sz_r,
                          x_ptr.dtype.element_ty, FMT, BN, BK, GK, BLOCK_H, EVEN_K)
     gu = tl.sum(acc, axis=1)
@@ -169,7 +171,7 @@ def _gate_up_kernel(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz
 def _down_kernel(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, slot_ptr, rw_ptr,
                  y_ptr, b_ptr, sb_s, H, I, XDT: tl.constexpr, FMT: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, GK: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr,
-                 EVEN_K: tl.constexpr, BIAS: tl.constexpr, STAGES: tl.constexpr):
+                 EVEN_K: tl.constexpr, BIAS: tl.constexpr):
     r, ob = tl.program_id(0), tl.program_id(1)           # route, block of H output rows
     slot = tl.load(slot_ptr + r).to(tl.int64)
     live = slot >= 0
@@ -179,7 +181,7 @@ def _down_kernel(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r,
     slot = tl.maximum(slot, 0)
     q_ptr, s_ptr, z_ptr = q_ptr + slot * sq_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s
     acc = tl.zeros([BLOCK_O, BLOCK_I // GK], tl.float32)
-    for i0 in tl.range(0, I, BLOCK_I, num_stages=STAGES):  # h: fp32 [T*K, I]
+    for i0 in range(0, I, BLOCK_I):                      # h: fp32 [T*K, I]
         acc += _row_dots(h_ptr + r * I, q_ptr, s_ptr, z_ptr, offs_o, mo, i0, I, sq_r, ss_r,
                          sz_r, XDT, FMT, BN, BK, GK, BLOCK_I, EVEN_K)
     y = tl.sum(acc, axis=1)
@@ -189,14 +191,12 @@ def _down_kernel(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r,
 
 
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-# ((BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B), num_warps and the stages of
-# their loops (2: the next block's weights loaded into shared memory while one computes) per weight
-# format: the fastest of bench_quant's CANDIDATES at T = 1 on the H200 (H=2048, I=768, group 128,
-# bf16 x; plain: 0.4% behind it), each within 6% of the fastest at T = 8; plain pipelined: level at
-# T = 1, 14% faster at T = 8, where the quantized formats lose 20-50% at T = 1 (RESULTS.md)
-BLOCKS = {"plain": ((8, 512, 16, 256), 4, 2), "int4": ((16, 256, 32, 256), 8, 1),
-          "int8": ((16, 256, 32, 256), 8, 1), "fp8": ((8, 1024, 16, 256), 4, 1),
-          "mxfp4": ((16, 256, 32, 256), 8, 1)}
+# ((BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B), num_warps per weight format:
+# the fastest of bench_quant's CANDIDATES at T = 1 on the H200 (H=2048, I=768, group 128, bf16 x;
+# plain: 0.4% behind it), each within 6% of the fastest at T = 8 (benchmarks/RESULTS.md, call 3)
+BLOCKS = {"plain": ((8, 512, 16, 256), 4), "int4": ((16, 256, 32, 256), 8),
+          "int8": ((16, 256, 32, 256), 8), "fp8": ((8, 1024, 16, 256), 4),
+          "mxfp4": ((16, 256, 32, 256), 8)}
 
 
 def _fmt(w: torch.Tensor | QWeight) -> str:
@@ -226,13 +226,13 @@ def _weight_args(w: torch.Tensor | QWeight, block_k: int) -> tuple[tuple, dict]:
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torch.Tensor | QWeight,
                 slots: torch.Tensor, weights: torch.Tensor, act: ExpertAct = SILU, bias: ExpertBias | None = None,
                 blocks: tuple[int, int, int, int] | None = None, reduce: bool = True,
-                num_warps: int | None = None, stages: int | None = None) -> torch.Tensor:
+                num_warps: int | None = None) -> torch.Tensor:
     """x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I]: slot-strided views (inner dims
     contiguous) or QWeights of such views; slots [T, K] (-1 = elsewhere); weights [T, K]; act
     and bias as kernels.ref.moe_experts takes them -> [T, H] float32 (without reduce: the
     weighted routes [T, K, H], for a consumer that sums them itself). blocks = (BLOCK_I,
-    BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B, num_warps and stages (each by default:
-    BLOCKS of the gate_up format)."""
+    BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B and num_warps (each by default: BLOCKS
+    of the gate_up format)."""
     T, H = x.shape
     K, I = slots.shape[1], w_down.shape[2]
     if T * K == 0:
@@ -241,18 +241,18 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
     slots, weights = slots.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
     h = torch.empty(T * K, I, dtype=torch.float32, device=x.device)     # activated, per route
     y = torch.empty(T * K, H, dtype=torch.float32, device=x.device)     # weighted, per route
-    tuned, warps, staged = BLOCKS[_fmt(w_gate_up)]
+    tuned, warps = BLOCKS[_fmt(w_gate_up)]
     bi, bh, bo, bi2 = blocks or tuned
-    num_warps, stages = num_warps or warps, stages or staged
+    num_warps = num_warps or warps
     (b_gu, b_d), (a, clamp) = bias_args(bias, x), act_args(act)
     parts, fmt = _weight_args(w_gate_up, bh)
     _gate_up_kernel[(T * K, triton.cdiv(I, bi))](
         x, *parts, slots, h, *b_gu, H, I, K, x.stride(0), *a, **fmt, BLOCK_I=bi, BLOCK_H=bh,
-        EVEN_K=H % bh == 0, BIAS=bias is not None, CLAMP=clamp, STAGES=stages, num_warps=num_warps)
+        EVEN_K=H % bh == 0, BIAS=bias is not None, CLAMP=clamp, num_warps=num_warps)
     parts, fmt = _weight_args(w_down, bi2)
     _down_kernel[(T * K, triton.cdiv(H, bo))](
         h, *parts, slots, weights, y, *b_d, H, I, XDT=_TL[x.dtype], **fmt, BLOCK_O=bo, BLOCK_I=bi2,
-        EVEN_K=I % bi2 == 0, BIAS=bias is not None, STAGES=stages, num_warps=num_warps)
+        EVEN_K=I % bi2 == 0, BIAS=bias is not None, num_warps=num_warps)
     return y.view(T, K, H).sum(1) if reduce else y.view(T, K, H)
 
 
@@ -324,10 +324,10 @@ def _graph_us(fn, calls: int, reps: int = 20) -> float:
     return start.elapsed_time(end) * 1e3 / (reps * calls)
 
 
-# (blocks, num_warps, stages) tried by bench_quant
-CANDIDATES = [(b, nw, st) for b in [(4, 1024, 8, 512), (8, 512, 16, 256), (8, 512, 32, 256),
-                                    (8, 1024, 16, 256), (16, 256, 32, 256), (16, 512, 32, 256)]
-              for nw in (4, 8) for st in (1, 2)]
+# (blocks, num_warps) tried by bench_quant
+CANDIDATES = [(b, nw) for b in [(4, 1024, 8, 512), (8, 512, 16, 256), (8, 512, 32, 256),
+                                (8, 1024, 16, 256), (16, 256, 32, 256), (16, 512, 32, 256)]
+              for nw in (4, 8)]
 
 
 def bench_quant(fmts: tuple[str, ...] = ("bf16",) + FORMATS, batches: tuple[int, ...] = (1, 8),
@@ -346,9 +346,9 @@ def bench_quant(fmts: tuple[str, ...] = ("bf16",) + FORMATS, batches: tuple[int,
             x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
             w = torch.rand(T, K, device="cuda")
             sets = [torch.randperm(S, device="cuda")[:T * K].view(T, K) for _ in range(calls)]
-            tried = {f"{b} w{nw} s{st}": _graph_us(lambda i: moe_experts(
-                x, wgu, wd, sets[i], w, blocks=b, reduce=False, num_warps=nw, stages=st), calls)
-                for b, nw, st in CANDIDATES}
+            tried = {f"{b} w{nw}": _graph_us(lambda i: moe_experts(
+                x, wgu, wd, sets[i], w, blocks=b, reduce=False, num_warps=nw), calls)
+                for b, nw in CANDIDATES}
             best = min(tried, key=tried.get)
             gbs = T * K * per_slot / tried[best] / 1e3
             res[fmt][f"T={T}"] = {"us": round(tried[best], 2), "GB/s": round(gbs, 1),
