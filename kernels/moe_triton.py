@@ -193,9 +193,10 @@ def _down_kernel(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r,
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 # ((BLOCK_I, BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B), num_warps per weight format:
 # the fastest of bench_quant's CANDIDATES at T = 1 on the H200 (H=2048, I=768, group 128, bf16 x;
-# plain: 0.4% behind it), each within 6% of the fastest at T = 8 (benchmarks/RESULTS.md, call 3)
+# plain: 0.2% behind it), each within 6% of the fastest at T = 8 (RESULTS.md; plain and fp8: the
+# thirty-second run, with x read unstaged)
 BLOCKS = {"plain": ((8, 512, 16, 256), 4), "int4": ((16, 256, 32, 256), 8),
-          "int8": ((16, 256, 32, 256), 8), "fp8": ((8, 1024, 16, 256), 4),
+          "int8": ((16, 256, 32, 256), 8), "fp8": ((8, 512, 16, 256), 8),
           "mxfp4": ((16, 256, 32, 256), 8)}
 
 
