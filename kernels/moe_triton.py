@@ -112,7 +112,7 @@ def _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, 
     ptrs = q_ptr + rows[:, None, None] * sq_r + cq[None, :, :]
     mr3 = mr[:, None, None]
     if PER == 1:   # x in w's own shape, each thread its own columns: no staging through shared memory
-        kx = cq[None, :, :] + 0 * rows[:, None, None]                               # [R, SG, GK]
+        kx = tl.broadcast_to(cq[None, :, :], ptrs.shape)                            # [R, SG, GK]
     else:          # a word's PER columns together (in w's shape, per code or in lanes: 3-35% slower)
         kx = cq[:, :, None] * PER + tl.arange(0, PER)[None, None, :]              # [SG, GW, PER]
     if EVEN_K:
