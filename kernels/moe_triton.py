@@ -24,14 +24,17 @@ from kernels.quant import FORMATS, QWeight, quantize
 from kernels.ref import SILU, ExpertAct, ExpertBias
 
 _MX = tl.constexpr(2.0 ** 63)      # mxfp4: x is scaled by it, the block scale by 2**63 / 2**126
+_F23 = 0x4B000000                  # the bits of the float 2**23 (_at)
 
 
 @triton.jit
-def _at(src, mask: tl.constexpr, p: tl.constexpr, c):
+def _at(src, mask: tl.constexpr, p: tl.constexpr, c, f23):
     """code - z exactly, for the code under `mask` at bit p (< 20) of the int32 src and
-    c = 2**(23 - p) + z: the code or-ed into the bits of 2**23 is the float 2**23 + code * 2**p,
-    and one FFMA scales it by 2**-p and subtracts c."""
-    return ((src & mask) | 0x4B000000).to(tl.float32, bitcast=True) * (2.0 ** -p) - c
+    c = 2**(23 - p) + z: the code or-ed into f23, the bits of 2**23 (0x4B000000), is the float
+    2**23 + code * 2**p, and one FFMA scales it by 2**-p and subtracts c. f23 comes as a kernel
+    argument: as a constant it left the LOP3 two immediates, and ptxas rebuilt each mask in a
+    register with a MOV, a code (31 of the int4 loop's 183 instructions)."""
+    return ((src & mask) | f23).to(tl.float32, bitcast=True) * (2.0 ** -p) - c
 
 
 @triton.jit
@@ -56,7 +59,7 @@ def _planes(x, PER: tl.constexpr):
 
 
 @triton.jit
-def _word_dots(w, x, z, FMT: tl.constexpr):
+def _word_dots(w, x, z, f23, FMT: tl.constexpr):
     """[R, SG]: sum over the codes of the int32 words w [R, SG, GW] (code j of a word in its j-th
     4 or 8 bits) of (code - z) * x, x [SG, GW, codes per word] fp32, z [R, SG] (int formats).
     Per code: one LOP3 and two FFMA for int4 / int8 (codes stay at their bit positions, so one
@@ -66,23 +69,23 @@ def _word_dots(w, x, z, FMT: tl.constexpr):
         zz = z[:, :, None]
         c0, c8 = 8388608.0 + zz, 32768.0 + zz
         u = w >> 16
-        t = _at(w, 0xFF, 0, c0) * x0[None]
-        t += _at(w, 0xFF00, 8, c8) * x1[None]
-        t += _at(u, 0xFF, 0, c0) * x2[None]
-        t += _at(u, 0xFF00, 8, c8) * x3[None]
+        t = _at(w, 0xFF, 0, c0, f23) * x0[None]
+        t += _at(w, 0xFF00, 8, c8, f23) * x1[None]
+        t += _at(u, 0xFF, 0, c0, f23) * x2[None]
+        t += _at(u, 0xFF00, 8, c8, f23) * x3[None]
     elif FMT == "int4":
         x0, x1, x2, x3, x4, x5, x6, x7 = _planes(x, 8)
         zz = z[:, :, None]
         c0, c4, c8, c12, c16 = 8388608.0 + zz, 524288.0 + zz, 32768.0 + zz, 2048.0 + zz, 128.0 + zz
         u = w >> 12                                      # codes 5, 6, 7 at bits 8, 12, 16
-        t = _at(w, 0xF, 0, c0) * x0[None]
-        t += _at(w, 0xF0, 4, c4) * x1[None]
-        t += _at(w, 0xF00, 8, c8) * x2[None]
-        t += _at(w, 0xF000, 12, c12) * x3[None]
-        t += _at(w, 0xF0000, 16, c16) * x4[None]
-        t += _at(u, 0xF00, 8, c8) * x5[None]
-        t += _at(u, 0xF000, 12, c12) * x6[None]
-        t += _at(u, 0xF0000, 16, c16) * x7[None]
+        t = _at(w, 0xF, 0, c0, f23) * x0[None]
+        t += _at(w, 0xF0, 4, c4, f23) * x1[None]
+        t += _at(w, 0xF00, 8, c8, f23) * x2[None]
+        t += _at(w, 0xF000, 12, c12, f23) * x3[None]
+        t += _at(w, 0xF0000, 16, c16, f23) * x4[None]
+        t += _at(u, 0xF00, 8, c8, f23) * x5[None]
+        t += _at(u, 0xF000, 12, c12, f23) * x6[None]
+        t += _at(u, 0xF0000, 16, c16, f23) * x7[None]
     else:
         x0, x1, x2, x3, x4, x5, x6, x7 = _planes(x * _MX, 8)
         t = e2m1(w, 0) * x0[None]
@@ -97,7 +100,7 @@ def _word_dots(w, x, z, FMT: tl.constexpr):
 
 
 @triton.jit
-def _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, XDT: tl.constexpr,
+def _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, f23, XDT: tl.constexpr,
               FMT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GK: tl.constexpr,
               BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """[R, BLOCK_K // GK] fp32: sum of W[rows, k] * x[k] over each chunk of GK columns of
@@ -128,10 +131,10 @@ def _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, 
     elif FMT == "fp8":
         part = tl.sum(w.to(tl.float32) * x, axis=2)
     elif FMT == "mxfp4":
-        part = _word_dots(w, x, None, FMT)
+        part = _word_dots(w, x, None, f23, FMT)
     else:
         z = tl.load(z_ptr + rows[:, None] * sz_r + (kg // BK)[None, :], mask=mg, other=0)
-        part = _word_dots(w, x, z.to(tl.float32), FMT)
+        part = _word_dots(w, x, z.to(tl.float32), f23, FMT)
     if FMT != "plain":
         s = tl.load(s_ptr + (rows // BN)[:, None] * ss_r + (kg // BK)[None, :], mask=mg, other=0)
         if FMT == "mxfp4":                               # e8m0 e -> 2**(e - 127) * 2**63
@@ -142,7 +145,7 @@ def _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mr, k0, Kdim, sq_r, ss_r, sz_r, 
 
 @triton.jit
 def _gate_up_kernel(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, slot_ptr,
-                    h_ptr, b_ptr, sb_s, H, I, K, sx_t, alpha, limit, shift, FMT: tl.constexpr,
+                    h_ptr, b_ptr, sb_s, H, I, K, sx_t, alpha, limit, shift, f23, FMT: tl.constexpr,
                     BN: tl.constexpr, BK: tl.constexpr, GK: tl.constexpr, BLOCK_I: tl.constexpr,
                     BLOCK_H: tl.constexpr, EVEN_K: tl.constexpr, BIAS: tl.constexpr, CLAMP: tl.constexpr):
     r, ib = tl.program_id(0), tl.program_id(1)           # route r = t*K + k, block of I rows
@@ -156,7 +159,7 @@ def _gate_up_kernel(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz
     x_ptr += (r // K) * sx_t
     acc = tl.zeros([2 * BLOCK_I, BLOCK_H // GK], tl.float32)
     for h0 in range(0, H, BLOCK_H):
-        acc += _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mi, h0, H, sq_r, ss_r, sz_r,
+        acc += _row_dots(x_ptr, q_ptr, s_ptr, z_ptr, rows, mi, h0, H, sq_r, ss_r, sz_r, f23,
                          x_ptr.dtype.element_ty, FMT, BN, BK, GK, BLOCK_H, EVEN_K)
     gu = tl.sum(acc, axis=1)
     if BIAS:
@@ -169,7 +172,7 @@ def _gate_up_kernel(x_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz
 
 @triton.jit
 def _down_kernel(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r, slot_ptr, rw_ptr,
-                 y_ptr, b_ptr, sb_s, H, I, XDT: tl.constexpr, FMT: tl.constexpr, BN: tl.constexpr,
+                 y_ptr, b_ptr, sb_s, H, I, f23, XDT: tl.constexpr, FMT: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, GK: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr,
                  EVEN_K: tl.constexpr, BIAS: tl.constexpr):
     r, ob = tl.program_id(0), tl.program_id(1)           # route, block of H output rows
@@ -183,7 +186,7 @@ def _down_kernel(h_ptr, q_ptr, s_ptr, z_ptr, sq_s, sq_r, ss_s, ss_r, sz_s, sz_r,
     acc = tl.zeros([BLOCK_O, BLOCK_I // GK], tl.float32)
     for i0 in range(0, I, BLOCK_I):                      # h: fp32 [T*K, I]
         acc += _row_dots(h_ptr + r * I, q_ptr, s_ptr, z_ptr, offs_o, mo, i0, I, sq_r, ss_r,
-                         sz_r, XDT, FMT, BN, BK, GK, BLOCK_I, EVEN_K)
+                         sz_r, f23, XDT, FMT, BN, BK, GK, BLOCK_I, EVEN_K)
     y = tl.sum(acc, axis=1)
     if BIAS:
         y += tl.load(b_ptr + slot * sb_s + offs_o, mask=mo, other=0.0)
@@ -248,11 +251,11 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
     (b_gu, b_d), (a, clamp) = bias_args(bias, x), act_args(act)
     parts, fmt = _weight_args(w_gate_up, bh)
     _gate_up_kernel[(T * K, triton.cdiv(I, bi))](
-        x, *parts, slots, h, *b_gu, H, I, K, x.stride(0), *a, **fmt, BLOCK_I=bi, BLOCK_H=bh,
+        x, *parts, slots, h, *b_gu, H, I, K, x.stride(0), *a, _F23, **fmt, BLOCK_I=bi, BLOCK_H=bh,
         EVEN_K=H % bh == 0, BIAS=bias is not None, CLAMP=clamp, num_warps=num_warps)
     parts, fmt = _weight_args(w_down, bi2)
     _down_kernel[(T * K, triton.cdiv(H, bo))](
-        h, *parts, slots, weights, y, *b_d, H, I, XDT=_TL[x.dtype], **fmt, BLOCK_O=bo, BLOCK_I=bi2,
+        h, *parts, slots, weights, y, *b_d, H, I, _F23, XDT=_TL[x.dtype], **fmt, BLOCK_O=bo, BLOCK_I=bi2,
         EVEN_K=I % bi2 == 0, BIAS=bias is not None, num_warps=num_warps)
     return y.view(T, K, H).sum(1) if reduce else y.view(T, K, H)
 
