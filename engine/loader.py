@@ -315,14 +315,35 @@ def device_reserve(runner: ModelRunner, prefill_chunk: int | None) -> int:
     return GiB + (kv.bytes + (kv.sliding.bytes if kv.sliding else 0)) // 8 + room
 
 
-WARM_PROMPT_TOKENS = 512  # a first prompt's size, for the GEMMs' and kernels' choices by row count
+WARM_PROMPT_TOKENS = 512  # a first prompt's size, for the kernels' choices by row count
+WARM_GEMM_ROWS = 2048     # the layers' dense projections are warmed at every row count up to this
+
+
+@torch.no_grad()
+def warm_gemms(model: CausalLM, rows: int) -> None:
+    """cuBLAS picks a GEMM's kernel by its row count, among dozens that CUDA loads at their
+    first use (2-4 ms each): a first prompt of a length not seen before paid 10-25 ms of such
+    loads in the dense projections. Each distinct projection of the layers runs once at every
+    row count up to `rows`, queued without a wait, so those kernels are loaded before the first
+    request; the boundaries between kernels are irregular, so no sparser ladder covers them
+    (benchmarks/RESULTS.md, thirty-third run). Longer prompts pay a load or two on a prefill
+    that takes 100 ms or more."""
+    seen = set()
+    for m in model.model.layers.modules():
+        key = isinstance(m, torch.nn.Linear) and (m.in_features, m.out_features, m.weight.dtype, m.bias is not None)
+        if key and key not in seen:
+            seen.add(key)
+            x = torch.zeros(rows, m.in_features, dtype=m.weight.dtype, device=m.weight.device)
+            for n in range(1, rows + 1):
+                m(x[:n])
 
 
 def warm_prefill(runner: ModelRunner) -> None:
-    """Two short prefills on dummy tokens, so that the first request does not pay the first use
-    of the prefill path (its cuBLAS shapes, lazily loaded kernels, the eager plan's and experts'
-    torch ops, the samplers' kernels): one just long enough to scan like a long prompt, one of a
-    first prompt's length (the GEMMs' and kernels' choices for its size), their KV written to
+    """The dense GEMMs at every short row count, then three prefills on dummy tokens, so that the
+    first request does not pay the first use of the prefill path (lazily loaded kernels, the
+    eager plan's and experts' torch ops, the samplers' kernels): one just long enough to scan
+    like a long prompt, one of a first prompt's length and one of WARM_GEMM_ROWS (the kernels'
+    choices by size: a long prompt's routes are sorted by another kernel), their KV written to
     one scratch page (the sliding layers' to their pool's dummy page, and a hybrid model's
     recurrent state to a scratch slot), the model's own routing (a replayed trace keeps its
     place). The expert cache's counters and the streamer's compute estimate are reset after it;
@@ -343,9 +364,10 @@ def warm_prefill(runner: ModelRunner) -> None:
                             torch.tensor([T], dtype=torch.int32, **t), *in_page(page), torch.tensor([T - 1], **t),
                             None if slot is None else torch.tensor([slot], **t), (),
                             *(in_page(kv.sliding.dummy) if kv.sliding else (None, None)))
+    warm_gemms(runner.model, min(WARM_GEMM_ROWS, runner.prefill_chunk))
     routing, rt.routing = rt.routing, None
     try:
-        for T in sorted({min(n, runner.max_context) for n in (scan, WARM_PROMPT_TOKENS)}):
+        for T in sorted({min(n, runner.max_context, runner.prefill_chunk) for n in (scan, WARM_PROMPT_TOKENS, WARM_GEMM_ROWS)}):
             logits = runner.model(batch(T), kv)[-1:].float()
         for p in (SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, top_k=20)):  # greedy, sampled
             sample(logits, [p], [generator(p, logits.device)], [None])

@@ -115,6 +115,26 @@ def test_prefill_warm_up_leaves_no_trace(tiny_model, arch, budget):
     assert greedy(e, prompt, 6) == want
 
 
+def test_gemm_warm_up_runs_each_distinct_projection_at_every_row_count(tiny_model):
+    """The load's GEMM warm-up: each distinct dense projection of the layers (shape, dtype, bias)
+    runs once at every row count from 1 to `rows`; a projection of a shape already warmed and the
+    LM head (its rows are the sampled ones) do not run."""
+    from engine.loader import warm_gemms
+    _, _, ftw = tiny_model("qwen3_moe")
+    e = load(ftw, device="cpu", graph=False)
+    calls = []
+    mods = [m for m in e.model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks = [m.register_forward_hook(lambda m, i, o: calls.append((m, i[0].shape[0]))) for m in mods]
+    warm_gemms(e.model, 5)
+    for h in hooks:
+        h.remove()
+    keys = {(m.in_features, m.out_features, m.weight.dtype, m.bias is not None) for m in e.model.model.layers.modules()
+            if isinstance(m, torch.nn.Linear)}
+    assert len(keys) < len([m for m in e.model.model.layers.modules() if isinstance(m, torch.nn.Linear)])
+    assert sorted(n for _, n in calls) == sorted(list(range(1, 6)) * len(keys))
+    assert len({m for m, _ in calls}) == len(keys) and e.model.lm_head not in {m for m, _ in calls}
+
+
 def test_no_cpu_branch_while_the_cache_holds_every_expert(tiny_model):
     """Device-controlled decode (here with the device tables on the CPU) of a cache that holds
     every expert has no CPU branch, whatever the policy: a miss (the load's first steps) is
