@@ -322,12 +322,12 @@ WARM_GEMM_ROWS = 2048     # the layers' dense projections are warmed at every ro
 @torch.no_grad()
 def warm_gemms(model: CausalLM, rows: int) -> None:
     """cuBLAS picks a GEMM's kernel by its row count, among dozens that CUDA loads at their
-    first use (2-4 ms each): a first prompt of a length not seen before paid 10-25 ms of such
-    loads in the dense projections. Each distinct projection of the layers runs once at every
+    first use (2-4 ms each): a first 500-token prompt paid ~8 ms of such loads in the dense
+    projections. Each distinct projection of the layers runs once at every
     row count up to `rows`, queued without a wait, so those kernels are loaded before the first
     request; the boundaries between kernels are irregular, so no sparser ladder covers them
-    (benchmarks/RESULTS.md, thirty-third run). Longer prompts pay a load or two on a prefill
-    that takes 100 ms or more."""
+    (benchmarks/RESULTS.md, thirty-third run). Longer prompts pay the loads of their own row
+    count's kernels."""
     seen = set()
     for m in model.model.layers.modules():
         key = isinstance(m, torch.nn.Linear) and (m.in_features, m.out_features, m.weight.dtype, m.bias is not None)
