@@ -222,7 +222,7 @@ def startup(model: Optional[str] = ModelArg,
              "pin": "waits for the expert thread's page-lock of its buffer, taken before its read",
              "cache": "the expert cache's device pool and residency tables allocated",
              "experts": "expert runtime, device control and the CPU executor its poller starts",
-             "prefill": "one short prefill on dummy tokens: the prefill path's first use",
+             "prefill": "the dense GEMMs at every row count to 2048, prefills on dummy tokens: the prefill path's first use",
              "compile": "decode graphs' warm-up steps: Triton JIT, torch.compile", "capture": "decode graphs captured"}
     for name, sec in r["phases"].items():
         t.add_row(name, f"{sec:.2f}", notes.get(name, ""))
