@@ -323,9 +323,9 @@ WARM_GEMM_ROWS = 2048     # the layers' dense projections are warmed at every ro
 def warm_gemms(model: CausalLM, rows: int) -> None:
     """cuBLAS picks a GEMM's kernel by its row count, among dozens that CUDA loads at their
     first use (2-4 ms each): a first 500-token prompt paid ~8 ms of such loads in the dense
-    projections. Each distinct projection of the layers runs once at every
-    row count up to `rows`, queued without a wait, so those kernels are loaded before the first
-    request; the boundaries between kernels are irregular, so no sparser ladder covers them
+    projections. Each distinct projection of the layers runs once at every row count up to
+    `rows`, queued without a wait, so those kernels are loaded before the first request; the
+    boundaries between kernels are irregular, so no sparser ladder covers them
     (benchmarks/RESULTS.md, thirty-third run). Longer prompts pay the loads of their own row
     count's kernels."""
     seen = set()
@@ -367,7 +367,8 @@ def warm_prefill(runner: ModelRunner) -> None:
     warm_gemms(runner.model, min(WARM_GEMM_ROWS, runner.prefill_chunk))
     routing, rt.routing = rt.routing, None
     try:
-        for T in sorted({min(n, runner.max_context, runner.prefill_chunk) for n in (scan, WARM_PROMPT_TOKENS, WARM_GEMM_ROWS)}):
+        longest = min(runner.max_context, runner.prefill_chunk)
+        for T in sorted({min(n, longest) for n in (scan, WARM_PROMPT_TOKENS, WARM_GEMM_ROWS)}):
             logits = runner.model(batch(T), kv)[-1:].float()
         for p in (SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, top_k=20)):  # greedy, sampled
             sample(logits, [p], [generator(p, logits.device)], [None])
