@@ -195,6 +195,7 @@ def assemble(config: EngineConfig, cfg: ModelConfig, model: CausalLM, store: Hos
     if cfg.sliding_layer_ids:
         kv.sliding = sliding_pool(cfg, config, kv.n_pages, dtype, device)
     runner = ModelRunner(cfg, model, kv, None, device, path, max_context)
+    runner.prefill_chunk = config.prefill_chunk or runner.prefill_chunk  # the chunk the warm-up and the reserve assume, until sized below
     note_missing_kernels(cfg, device, dtype)
     if cfg.linear_layer_ids:  # two slots per running sequence (a decode step writes the other) and one for the graphs' capture
         runner.states = StatePool(cfg, 2 * config.max_running + 1, config.state_checkpoints, dtype, device)
@@ -339,15 +340,16 @@ def warm_gemms(model: CausalLM, rows: int) -> None:
 
 
 def warm_prefill(runner: ModelRunner) -> None:
-    """The dense GEMMs at every short row count, then three prefills on dummy tokens, so that the
-    first request does not pay the first use of the prefill path (lazily loaded kernels, the
-    eager plan's and experts' torch ops, the samplers' kernels): one just long enough to scan
-    like a long prompt, one of a first prompt's length and one of WARM_GEMM_ROWS (the kernels'
-    choices by size: a long prompt's routes are sorted by another kernel), their KV written to
-    one scratch page (the sliding layers' to their pool's dummy page, and a hybrid model's
-    recurrent state to a scratch slot), the model's own routing (a replayed trace keeps its
-    place). The expert cache's counters and the streamer's compute estimate are reset after it;
-    the tables it filled are emptied by the capture that follows."""
+    """The dense GEMMs at every short row count (once a runner), then three prefills on dummy
+    tokens (at most a prefill chunk each), so that the first request does not pay the first use
+    of the prefill path (lazily loaded kernels, the eager plan's and experts' torch ops, the
+    samplers' kernels): one just long enough to scan like a long prompt, one of a first prompt's
+    length and one of WARM_GEMM_ROWS (the kernels' choices by size: a long prompt's routes are
+    sorted by another kernel), their KV written to one scratch page (the sliding layers' to
+    their pool's dummy page, and a hybrid model's recurrent state to a scratch slot), the
+    model's own routing (a replayed trace keeps its place). The expert cache's counters and the
+    streamer's compute estimate are reset after it; the tables it filled are emptied by the
+    capture that follows."""
     from engine.kv.batch import ForwardBatch
     from engine.moe.prefill import LayerStreamer
     from engine.moe.runtime import SHORT_ROUTES_PER_EXPERT
@@ -364,7 +366,9 @@ def warm_prefill(runner: ModelRunner) -> None:
                             torch.tensor([T], dtype=torch.int32, **t), *in_page(page), torch.tensor([T - 1], **t),
                             None if slot is None else torch.tensor([slot], **t), (),
                             *(in_page(kv.sliding.dummy) if kv.sliding else (None, None)))
-    warm_gemms(runner.model, min(WARM_GEMM_ROWS, runner.prefill_chunk))
+    if not runner.gemms_warm:  # a rebuild of the experts (the benches' rows) keeps the dense model's
+        warm_gemms(runner.model, WARM_GEMM_ROWS)
+        runner.gemms_warm = True
     routing, rt.routing = rt.routing, None
     try:
         longest = min(runner.max_context, runner.prefill_chunk)

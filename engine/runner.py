@@ -28,6 +28,7 @@ class ModelRunner:
     max_context: int
     graphs: object = None        # engine.graphs.DecodeGraphs when decode runs as CUDA graphs
     prefill_chunk: int = 2048    # tokens per prefill forward (EngineConfig's, or sized at load)
+    gemms_warm: bool = False     # the dense GEMMs' kernels loaded (loader.warm_gemms): once a process
     timings: dict[str, float] = field(default_factory=dict)  # seconds per load phase (bench startup)
     states: StatePool | None = None  # recurrent states of hybrid models' linear-attention layers
     group: object = None         # engine.dist.Rank on rank 0 of several ranks, which follow its steps

@@ -118,8 +118,9 @@ def test_prefill_warm_up_leaves_no_trace(tiny_model, arch, budget):
 def test_gemm_warm_up_runs_each_distinct_projection_at_every_row_count(tiny_model):
     """The load's GEMM warm-up: each distinct dense projection of the layers (shape, dtype, bias)
     runs once at every row count from 1 to `rows`; a projection of a shape already warmed and the
-    LM head (its rows are the sampled ones) do not run."""
-    from engine.loader import warm_gemms
+    LM head (its rows are the sampled ones) do not run; a later prefill warm-up (a rebuild of the
+    experts) does not run it again."""
+    from engine.loader import WARM_GEMM_ROWS, warm_gemms, warm_prefill
     _, _, ftw = tiny_model("qwen3_moe")
     e = load(ftw, device="cpu", graph=False)
     calls = []
@@ -133,6 +134,15 @@ def test_gemm_warm_up_runs_each_distinct_projection_at_every_row_count(tiny_mode
     assert len(keys) < len([m for m in e.model.model.layers.modules() if isinstance(m, torch.nn.Linear)])
     assert sorted(n for _, n in calls) == sorted(list(range(1, 6)) * len(keys))
     assert len({m for m, _ in calls}) == len(keys) and e.model.lm_head not in {m for m, _ in calls}
+    qkv = e.model.model.layers[0].self_attn.qkv_proj
+    seen = []
+    for _ in range(2):  # the second warm-up runs only the prefills
+        calls.clear()
+        hook = qkv.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+        warm_prefill(e)
+        hook.remove()
+        seen.append(list(calls))
+    assert seen[0] == list(range(1, WARM_GEMM_ROWS + 1)) + seen[1] and 0 < len(seen[1]) <= 3
 
 
 def test_no_cpu_branch_while_the_cache_holds_every_expert(tiny_model):
