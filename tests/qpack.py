@@ -1,6 +1,8 @@
 """Quantized checkpoints for tests, written from each format's published description (a second
-reading, independent of engine/formats): per format a packer W [N, K] -> (the checkpoint's
-tensors for that weight, the weight they dequantize to by the format's own formula), and
+reading, independent of engine/formats), or, for the "ct-" methods, by compressed-tensors itself
+(the library llm-compressor writes its checkpoints with): per format a packer W [N, K] -> (the
+checkpoint's tensors for that weight, the weight they dequantize to by the format's own formula
+or the library's own decompression), and
 `build` for a tiny qwen3_moe checkpoint (gpt_oss for "mxfp4-gpt_oss", in the layout gpt-oss ships)
 whose routed experts (and, where the format quantizes them in real releases, attention
 projections) are quantized, with the transformers fp32 model carrying exactly the dequantized
@@ -118,7 +120,54 @@ def mxfp4(w: torch.Tensor):
     return {"blocks": blocks, "scales": (e + 127).to(torch.uint8)}, back
 
 
-METHODS = ("fp8", "gptq", "gptq8", "awq", "compressed", "compressed-asym", "mxfp4", "mxfp4-gpt_oss")
+# compressed-tensors' own schemes, as llm-compressor's presets quantize: method -> (format, weights,
+# activations: none (w4a16), dynamic per token (w8a8, FP8-dynamic) or static per tensor (FP8, whose
+# checkpoints carry an input_scale)
+CT = {"ct-w4a16": ("pack-quantized", dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=16),
+                   None),
+      "ct-w8a8": ("int-quantized", dict(num_bits=8, type="int", symmetric=True, strategy="channel"), "token"),
+      "ct-fp8": ("float-quantized", dict(num_bits=8, type="float", symmetric=True, strategy="channel"), "token"),
+      "ct-fp8-block": ("float-quantized", dict(num_bits=8, type="float", symmetric=True, strategy="block",
+                                               block_structure=[16, 32]), "token"),
+      "ct-fp8-tensor": ("float-quantized", dict(num_bits=8, type="float", symmetric=True, strategy="tensor"),
+                        "tensor")}
+
+
+def ct_scheme(method: str):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    fmt, w, act = CT[method]
+    if act:
+        act = QuantizationArgs(num_bits=8, type=w["type"], strategy=act, dynamic=act == "token", symmetric=True)
+    return fmt, QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**w), input_activations=act)
+
+
+def ct(method: str, w: torch.Tensor):
+    """compressed-tensors' own quantization of W: scales and zero points from each group's range
+    (its calculate_qparams, as its min-max observer), the format's compressor, and the weight
+    its decompressor gives back."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization.utils import calculate_qparams
+    fmt, scheme = ct_scheme(method)
+    a, (n, k) = scheme.weights, w.shape
+    if a.strategy == "group":
+        g = w.view(n, k // a.group_size, a.group_size)
+    elif a.strategy == "block":
+        bn, bk = a.block_structure
+        g = w.view(n // bn, bn, k // bk, bk).transpose(1, 2).flatten(2)
+    else:
+        g = w.view(n if a.strategy == "channel" else 1, 1, -1)
+    scale, zero = calculate_qparams(g.amin(-1), g.amax(-1), a)
+    if a.strategy == "tensor":
+        scale, zero = scale.view(1), zero.view(1)
+    comp = BaseCompressor.load_from_registry(fmt)
+    t = comp.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zero}, scheme)
+    back = comp.decompress(dict(t), scheme)["weight"].float()
+    if scheme.input_activations and not scheme.input_activations.dynamic:  # calibrated: FreeToken ignores it
+        t["input_scale"] = torch.tensor([0.02])
+    return t, back
+
+
+METHODS = ("fp8", "gptq", "gptq8", "awq", "compressed", "compressed-asym", "mxfp4", "mxfp4-gpt_oss", *CT)
 
 
 def quantize_weight(method: str, w: torch.Tensor) -> tuple[dict, torch.Tensor]:
@@ -126,7 +175,9 @@ def quantize_weight(method: str, w: torch.Tensor) -> tuple[dict, torch.Tensor]:
     if method == "fp8":
         t, back = fp8(w, (24, 32))  # 24 rows: blocks straddle the gate/up boundary of I = 32
         return {".weight": t["weight"], ".weight_scale_inv": t["weight_scale_inv"]}, back
-    if method in ("gptq", "gptq8"):
+    if method in CT:
+        t, back = ct(method, w)
+    elif method in ("gptq", "gptq8"):
         t, back = gptq(w, 16, bits=8 if method == "gptq8" else 4, symmetric=method == "gptq8")
     elif method == "awq":
         t, back = awq(w, 16)
@@ -136,6 +187,11 @@ def quantize_weight(method: str, w: torch.Tensor) -> tuple[dict, torch.Tensor]:
 
 
 def quantization_config(method: str) -> dict:
+    if method in CT:
+        from compressed_tensors.quantization import QuantizationConfig
+        fmt, scheme = ct_scheme(method)
+        return QuantizationConfig(config_groups={"group_0": scheme}, format=fmt, quantization_status="compressed",
+                                  ignore=["lm_head", "re:.*mlp.gate$"]).to_dict()
     if method == "fp8":
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                 "weight_block_size": [24, 32], "modules_to_not_convert": ["lm_head", "mlp.gate"]}

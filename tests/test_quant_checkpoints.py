@@ -46,7 +46,8 @@ def test_matches_transformers_at_every_budget_and_policy(quantized, method):
     ids = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(7)).tolist()
     want_logits, want = reference(ref, ids, 16)
     full = load(ftw)
-    fmt = {"fp8": "fp8", "mxfp4": "mxfp4", "mxfp4-gpt_oss": "mxfp4", "gptq8": "int8"}.get(method, "int4")
+    fmt = {"fp8": "fp8", "mxfp4": "mxfp4", "mxfp4-gpt_oss": "mxfp4", "gptq8": "int8", "ct-w8a8": "int8", "ct-fp8": "fp8",
+           "ct-fp8-block": "fp8", "ct-fp8-tensor": "fp8"}.get(method, "int4")
     assert full.runtime.store.layout.dtype == fmt and full.runtime.store.layout.slot_bytes < 3 * 8 * 1024
     got = prefill_logits(full, ids)
     assert float((got - want_logits).norm() / want_logits.norm()) < 1e-4

@@ -24,8 +24,9 @@ def unpack(method: str, parts: dict, name: str = "m.weight"):
     return scheme, scheme.unpack(name, t)
 
 
-@pytest.mark.parametrize("method", ["fp8", "gptq", "gptq8", "awq", "compressed", "compressed-asym"])
+@pytest.mark.parametrize("method", ["fp8", "gptq", "gptq8", "awq", "compressed", "compressed-asym", *qpack.CT])
 def test_unpacker_matches_the_published_description(method):
+    """(The "ct-" methods: against compressed-tensors' own compressors and decompression.)"""
     parts, want = qpack.quantize_weight(method, weight())
     scheme, p = unpack(method, parts)
     assert torch.equal(dequant_parts(scheme.fmt, p), want)
@@ -87,7 +88,14 @@ def test_fused_gate_up_refines_blocks_that_straddle_the_boundary():
     ({"quant_method": "fp8", "activation_scheme": "static"}, ["static", "dynamic"]),
     ({"quant_method": "bitsandbytes"}, ["bitsandbytes", "fp8, gptq, awq, compressed-tensors, mxfp4"]),
     ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {
-        "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}}, ["float-quantized"]),
+        "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}}, ["float-quantized", "8-bit int"]),
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"g": {
+        "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}}, ["tensor_group"]),
+    ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
+        "weights": {"num_bits": 8, "type": "int", "strategy": "block", "block_structure": [128, 128]}}}}, ["block"]),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "kv_cache_scheme": {"num_bits": 8},
+      "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}},
+     ["kv_cache_scheme"]),
 ])
 def test_unsupported_quantization_is_refused_in_one_line(qc, words):
     with pytest.raises(UserError) as e:

@@ -181,6 +181,33 @@ def test_moe_experts_quantized_dead_routes_and_auto():
     assert got[0].abs().max() == 0 and got[1].abs().max() > 0
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_moe_experts_with_a_scale_per_row_match_ref(fmt):
+    """One scale per row and matrix (compressed-tensors' channel strategy: blocks (1, K), K differing
+    between gate_up and down), through the decode GEMVs and the grouped GEMMs."""
+    gen = torch.Generator().manual_seed(9)
+    T, K, H, I, S = 3, 4, 96, 64, 5
+
+    def qw(n, k):
+        ws = [torch.randn(n, k, generator=gen) * 0.3 for _ in range(S)]
+        if fmt == "int8":
+            ps = [quantize("int8", w, k, torch.float16, False) for w in ws]
+        else:
+            ps = [((w / (s := w.abs().amax(1, keepdim=True) / 448)).to(torch.float8_e4m3fn), s, None, (1, k))
+                  for w in ws]
+        q = QWeight(fmt, *(None if t[0] is None else torch.stack(t).to(DEV) for t in zip(*(p[:3] for p in ps))),
+                    ps[0][3])
+        return q, torch.stack([q.dequant(i) for i in range(S)]).cpu()
+    (wgu, dgu), (wd, dd) = qw(2 * I, H), qw(H, I)
+    assert wgu.block == (1, H) and wd.block == (1, I)
+    x = torch.randn(T, H, generator=gen)
+    slots = torch.stack([torch.randperm(S, generator=gen)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=gen)
+    ref32 = ref.moe_experts(x, dgu, dd, slots, w)
+    for fn in (moe_experts, moe_experts_gemm):
+        _close(fn(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV)), ref32, torch.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,symmetric", QUANT)
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])

@@ -6,12 +6,12 @@ from __future__ import annotations
 from engine.errors import UserError
 from engine.formats.awq import AWQ
 from engine.formats.base import QParts, Scheme, dequant_parts, fuse_gate_up
-from engine.formats.compressed import PackQuantized
+from engine.formats.compressed import CompressedTensors
 from engine.formats.fp8 import FP8
 from engine.formats.gptq import GPTQ
 from engine.formats.mxfp4 import MXFP4
 
-SCHEMES = {s.method: s for s in (FP8, GPTQ, AWQ, PackQuantized, MXFP4)}
+SCHEMES = {s.method: s for s in (FP8, GPTQ, AWQ, CompressedTensors, MXFP4)}
 
 __all__ = ["QParts", "SCHEMES", "Scheme", "dequant_parts", "fuse_gate_up", "scheme_of"]
 
