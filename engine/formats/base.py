@@ -64,6 +64,18 @@ def scale_groups(what: str, scales: torch.Tensor, dim: int, k: int, name: str) -
     return groups
 
 
+def fp8_parts(what: str, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int] | None) -> QParts:
+    """e4m3 w [..., N, K] and its scales `what` s, one per (bn, bk) block (None: one per tensor,
+    stored in any shape) -> QParts of kernels.quant's fp8 (float32 scales)."""
+    n, k = w.shape[-2:]
+    bn, bk = block or (n, k)
+    want = (*w.shape[:-2], math.ceil(n / bn), math.ceil(k / bk))
+    if block is None and s.numel() == math.prod(want):
+        s = s.reshape(want)
+    check_shape(what, s, want)
+    return w, s.float(), None, (bn, bk)
+
+
 def unpack_int32(t: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """int32 words holding 32 // bits values each, the first in the lowest bits, packed along
     `dim` -> int32 values with that dimension 32 // bits times longer."""

@@ -16,12 +16,10 @@ applied: activations stay in the conversion's dtype, as transformers computes th
 decompresses such a checkpoint."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from engine.errors import UserError
-from engine.formats.base import QParts, Scheme, check_shape, codes_to_q, need, scale_groups, unpack_int32
+from engine.formats.base import QParts, Scheme, check_shape, codes_to_q, fp8_parts, need, scale_groups, unpack_int32
 
 FORMATS = {("pack-quantized", "int", 4): "int4", ("pack-quantized", "int", 8): "int8",
            ("int-quantized", "int", 8): "int8", ("float-quantized", "float", 8): "fp8"}
@@ -58,6 +56,7 @@ class CompressedTensors(Scheme):
             raise UserError(f"{stem}.weight_g_idx is present: activation-ordered groups are not supported; "
                             "use a checkpoint quantized without actorder")
         need(name, t, ".weight_scale")
+        scale = t[".weight_scale"]
         if self.format == "pack-quantized":
             need(name, t, ".weight_packed", ".weight_shape")
             n, k = (int(v) for v in t[".weight_shape"].tolist())
@@ -71,10 +70,11 @@ class CompressedTensors(Scheme):
                 raise UserError(f"{name} is {w.dtype} beside its weight_scale, expected {want} for {self.format}; "
                                 "the checkpoint looks damaged")
             n, k = w.shape
-            if self.fmt == "fp8":
-                return self._fp8(name, w, t[".weight_scale"])
+            if self.fmt == "fp8":  # one scale (tensor), block_structure blocks, or per row (channel, group)
+                block = None if scale.numel() == 1 else self.block or \
+                    (1, k // scale_groups(f"{name}_scale", scale, 1, k, name))
+                return fp8_parts(f"{name}_scale", w, scale, block)
             codes = w.int() + 128
-        scale = t[".weight_scale"]
         if scale.numel() == 1:                       # strategy tensor: one scale, as a scale per row
             scale = scale.reshape(1, 1).expand(n, 1)
         groups = scale_groups(f"{stem}.weight_scale", scale, 1, k, name)
@@ -90,17 +90,6 @@ class CompressedTensors(Scheme):
             check_shape(f"{stem}.weight_zero_point", zeros, (n, groups))
             zeros = zeros.int() + offset
         return codes_to_q(codes, self.bits), scale.contiguous(), zeros.to(torch.uint8), (1, k // groups)
-
-    def _fp8(self, name: str, w: torch.Tensor, s: torch.Tensor) -> QParts:
-        n, k = w.shape
-        if s.numel() == 1:                           # strategy tensor
-            s, (bn, bk) = s.reshape(1, 1), (n, k)
-        elif self.block:
-            bn, bk = self.block
-        else:                                        # channel [N, 1] or group [N, K / group]
-            bn, bk = 1, k // scale_groups(f"{name}_scale", s, 1, k, name)
-        check_shape(f"{name}_scale", s, (math.ceil(n / bn), math.ceil(k / bk)))
-        return w, s.float(), None, (bn, bk)
 
 
 def _args(group: dict) -> tuple:

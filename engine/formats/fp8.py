@@ -6,12 +6,10 @@ name, the scale multiplies). No `weight_block_size`: one scale for the whole ten
 This is kernels.quant's fp8 layout with float32 scales: experts are kept as stored."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from engine.errors import UserError
-from engine.formats.base import QParts, Scheme, check_shape, need
+from engine.formats.base import QParts, Scheme, fp8_parts, need
 
 
 class FP8(Scheme):
@@ -32,10 +30,4 @@ class FP8(Scheme):
         if w.dtype != torch.float8_e4m3fn:
             raise UserError(f"{name} is {w.dtype} beside its weight_scale_inv, expected float8_e4m3fn; "
                             "the checkpoint looks damaged")
-        n, k = w.shape[-2:]
-        bn, bk = self.block or (n, k)
-        want = (*w.shape[:-2], math.ceil(n / bn), math.ceil(k / bk))
-        if self.block is None and s.numel() == math.prod(want):  # one scale per tensor, any shape
-            s = s.reshape(want)
-        check_shape(f"{name}_scale_inv", s, want)
-        return w, s.float(), None, (bn, bk)
+        return fp8_parts(f"{name}_scale_inv", w, s, self.block)
