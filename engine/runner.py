@@ -45,6 +45,7 @@ class ModelRunner:
         self.runtime.before_step()
         out = self.graphs.run(batch) if self.graphs is not None else None
         if out is None:
+            self.runtime.before_forward(batch.input_ids.numel(), self.cfg.router.top_k, max(batch.q_lens) > 1)
             return self.model(batch, kv)
         if wait:
             self.runtime.after_graph_step()

@@ -105,9 +105,10 @@ def greedy(runner, prompt: list[int], n: int) -> list[int]:
     return seq.output
 
 
-def prefill_logits(runner, ids: list[int]) -> torch.Tensor:
+def prefill_logits(runner, ids: list[int], step: bool = False) -> torch.Tensor:
     """Logits of every position of `ids`, prefilled in one step (pages released after), on the
-    host beside the references they are compared with, whatever the engine device."""
+    host beside the references they are compared with, whatever the engine device. step: through
+    runner.step, as the scheduler runs it (else the model's forward alone)."""
     from engine.kv.batch import ForwardBatch
     kv = runner.kv
     states = [runner.states.alloc()] if runner.states else None
@@ -115,7 +116,7 @@ def prefill_logits(runner, ids: list[int]) -> torch.Tensor:
         with kv.scratch(len(ids)) as (pages, sliding):
             b = ForwardBatch.build([(ids, 0, pages)], kv.page_size, runner.device, all_logits=True, states=states,
                                    sliding=None if sliding is None else [sliding])
-            return runner.model(b, kv).cpu()
+            return (runner.step(b, kv) if step else runner.model(b, kv)).cpu()
     finally:
         if states:
             runner.states.release(states[0])

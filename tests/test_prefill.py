@@ -103,7 +103,7 @@ def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
         now[0] += compute / 2
         st.maybe_prefetch(1, torch.arange(routed).view(-1, 1), None if missing is None else torch.arange(E) - missing)
 
-    st.begin(torch.zeros(100, 1, dtype=torch.int64))      # every expert resident: nothing to stream
+    st.begin(100, torch.zeros(100, 1, dtype=torch.int64))  # every expert resident: nothing to stream
     layer(2, compute=1e-3, wait=2 * per_expert)           # 6 of 8 streamed in vain = 6 ms > 1 ms: fetch
     assert loaded == [] and st.compute == pytest.approx(1e-3)
     layer(E - 1, compute=20e-3, wait=(E - 1) * per_expert)  # 1 in vain (1 ms) hides behind 20 ms: stream
@@ -121,11 +121,44 @@ def test_stream_decision_uses_compute_time_only(tiny_model, monkeypatch):
     # a chunk of 10 tokens after one of 100: its first layer decides on its own routes, against
     # the last measurement scaled by its tokens (2 ms), its experts no longer resident
     monkeypatch.setattr(rt.cache.tables, "resident", lambda first, n: torch.full((n,), -1))
-    st.begin(torch.arange(2).repeat(5).view(10, 1))      # 6 in vain = 6 ms > 2 ms: fetch
+    st.begin(10, torch.arange(2).repeat(5).view(10, 1))  # 6 in vain = 6 ms > 2 ms: fetch
     assert st.estimate() == pytest.approx(2e-3) and loaded == [1, 1, 1]
     st.end()
-    st.begin(torch.arange(10).remainder(E).view(10, 1))   # every expert routed: stream layer 0
+    st.begin(10, torch.arange(10).remainder(E).view(10, 1))  # every expert routed: stream layer 0
     assert loaded == [1, 1, 1, 0]
+
+
+def test_a_long_chunk_queues_its_first_layers_loads_before_its_first_attention(tiny_model, monkeypatch):
+    """A chunk of more than SMALL_GROUP_ROUTES routes an expert routes to every expert of a layer:
+    the first layer's loads are decided before the forward and queued at its first layer's step
+    (before the wait for its router), so that they run behind its attention instead of after its
+    router; a shorter chunk decides at its first layer, on its routes. Either way a layer's loads
+    are queued after the attention before them. The logits are plain prefill's either way."""
+    from engine.moe.block import MoEBlock
+    from engine.moe.prefill import SMALL_GROUP_ROUTES
+    _, _, ftw = tiny_model("qwen3_moe")
+    e = load(ftw, prefill_mode="adaptive", moe_policy="fetch")
+    rt, events = e.runtime, []
+    K, E = e.cfg.router.top_k, rt.cache.n_experts
+    load_, go, route = rt.streamer._load, rt.streamer.go, MoEBlock.route
+    monkeypatch.setattr(rt.streamer, "_load", lambda layer, held: (events.append(f"load {layer}"), load_(layer, held)))
+    monkeypatch.setattr(rt.streamer, "go", lambda: (events.append("go"), go()))
+    queued = []  # copies queued by each layer's router: none before the first layer's step
+    monkeypatch.setattr(MoEBlock, "route", lambda self, x: (events.append(f"route {self.moe_index}"),
+                                                            queued.append(rt.streamer.loaded), route(self, x))[2])
+    g = torch.Generator().manual_seed(16)
+    long, short = SMALL_GROUP_ROUTES * E // K + 1, SMALL_GROUP_ROUTES * E // K
+    # a long chunk decides before the forward and queues the copies at the first layer's step
+    for n, first in ((long, ["load 0", "route 0", "go"]), (short, ["route 0", "load 0", "load 1"])):
+        ids = torch.randint(0, 256, (n,), generator=g).tolist()
+        want = prefill_logits(load(ftw), ids)
+        empty_cache(e)
+        rt.qstar.start(1e6, 1.0)  # a fast link: streams whenever a layer misses
+        events.clear(), queued.clear()
+        assert torch.equal(prefill_logits(e, ids, step=True), want)
+        assert n == short or (queued[0] == 0 and queued[1] > 0), queued
+        assert events[:3] == first and "load 1" in events, (n, events)
+        assert not rt.streamer.active and rt.streamer.slots is None
 
 
 def test_buffers_hold_a_layer_when_three_fit_else_an_even_share_of_it():
@@ -151,7 +184,7 @@ def test_a_short_chunk_whose_layers_move_slower_than_they_compute_takes_small_bu
     got = []
     for compute, ids in ((0.0, short), (2e-3, short), (0.5e-3, short), (0.5e-3, long)):
         st.compute, st.compute_tokens = compute, ids.shape[0] if compute else 0  # measured at this length
-        st.begin(ids)
+        st.begin(ids.shape[0], ids)
         got.append(st.G)
         st.end()
     assert got == [E, E, -(-E // 8), E], got

@@ -19,7 +19,13 @@ m' estimated from this layer's share of routed experts (mode "adaptive", which n
 estimate; without one it fetches). A long chunk routes to nearly every expert (m' ~ m), so its
 layers stream whenever any expert misses. A chunk's first layer decides on its own routes, before
 its step: streamed, it holds the buffers from the chunk's start, so the second layer's loads run
-behind the first layer's compute instead of after it.
+behind the first layer's compute instead of after it. A chunk of more than SMALL_GROUP_ROUTES
+routes an expert decides before its forward instead (ExpertRuntime.before_forward), taking every
+expert as routed, so that the first layer's own loads run behind its attention too: a buffer's
+first loads wait only for the work queued before the chunk.
+Loads decided at a layer's end are queued at the next layer step's start (go), before its wait
+for its router: queueing a pass's copies takes the host a millisecond or more, in which the GPU
+would otherwise idle once the layer's experts are computed; then it computes the next attention.
 c is timed on the compute stream (CUDA events; the host clock on the CPU) from one layer step's
 end to the next, less the layer's own transfers (its fills, or its waits for streamed buffers),
 so it is measured for every layer, streamed or not. A decision uses the newest completed
@@ -78,20 +84,31 @@ class LayerStreamer:
         """Two buffers plus room for one routed layer step must fit in the cache."""
         return self.mode != "routed" and group_size(self.E, self.rt.cache.n_slots) > 0
 
-    def begin(self, ids: torch.Tensor) -> None:
-        """A long chunk starts, at its first layer, routed like ids [T, K] (on the host). Its
-        buffers hold the smallest groups where the chunk is short and moving a whole layer would
-        take longer than its compute (the last measurement, scaled), else the largest that fit (see
-        group_size). The first layer streams too where the rule below says so, so that the next
-        layer's loads run behind its compute instead of waiting for it."""
-        self.active, self.ready, self.tokens, self.read = True, {}, ids.shape[0], [None, None]
+    def begin(self, tokens: int, ids: torch.Tensor | None = None) -> None:
+        """A long chunk of `tokens` tokens starts: at its first layer, routed like ids [T, K] (on
+        the host), or before its first layer's attention (ids None: a chunk of more than
+        SMALL_GROUP_ROUTES routes an expert, taken to route to every expert). Its buffers hold the
+        smallest groups where the chunk is short and moving a whole layer would take longer than its
+        compute (the last measurement, scaled), else the largest that fit (see group_size). The
+        first layer streams too where the rule below says so, so that the next layer's loads run
+        behind its compute instead of waiting for it (and, decided before the chunk's forward,
+        its own loads behind the first attention)."""
+        self.active, self.ready, self.tokens = True, {}, tokens
         est, compute = self.rt.qstar.estimator, self.estimate()
-        link_bound = bool(est and est.b_p and compute and ids.numel() <= SMALL_GROUP_ROUTES * self.E
+        link_bound = bool(est and est.b_p and compute and ids is not None and ids.numel() <= SMALL_GROUP_ROUTES * self.E
                           and self.E * self.rt.store.layout.slot_bytes / est.b_p > compute)
         self.G, self.queue, self.loaded, self.used = group_size(self.E, self.rt.cache.n_slots, link_bound), [], 0, 0
         self.start, self.waits = self._mark(), []
+        # the buffers' last readers: the work queued before the chunk (the slots leave the cache now)
+        self.read = [self.start] * 2 if self.cuda else [None, None]
         if self.rt.policy.cacheable(0):
             self._decide(0, ids, self.rt.cache.tables.resident(0, self.E), compute)
+
+    def go(self) -> None:
+        """At a layer step's start, before its wait for its router: queue the loads decided since
+        (the host's milliseconds of copy calls then run while the GPU computes the step's attention,
+        which is queued, instead of leaving it idle once the previous layer's experts are done)."""
+        self._pump()
 
     def end(self) -> None:
         if self.slots is not None:
@@ -104,6 +121,7 @@ class LayerStreamer:
         """Yield the slot ids [E] of each pass of a streamed layer (-1: an expert of another pass),
         once its buffer is loaded; once the caller has queued the work that reads a buffer, the
         next load into it is queued."""
+        self._pump()  # (a layer decided in its own step)
         for j in range(len(self.ready[layer])):
             slots, event, buf = self.ready[layer][j]  # loaded: the passes before it are queued
             if event is not None:
@@ -162,7 +180,7 @@ class LayerStreamer:
             self._decide(layer, ids, held, compute)
         self.start = self._mark()
 
-    def _decide(self, layer: int, ids: torch.Tensor, held: torch.Tensor, compute: float) -> None:
+    def _decide(self, layer: int, ids: torch.Tensor | None, held: torch.Tensor, compute: float) -> None:
         """Stream `layer` (held: its experts' cache slots, -1 not resident) if the experts it
         would move in vain, for routes like ids, take no longer on the link than `compute`."""
         est = self.rt.qstar.estimator
@@ -172,15 +190,19 @@ class LayerStreamer:
                                      / b_p <= compute):
             self._load(layer, held)
 
-    def _in_vain(self, m: int, ids: torch.Tensor) -> float:
-        """Of m experts not resident, how many a layer routed like ids would not use."""
+    def _in_vain(self, m: int, ids: torch.Tensor | None) -> float:
+        """Of m experts not resident, how many a layer routed like ids would not use (None: every
+        expert routed)."""
+        if ids is None:
+            return 0.0
         flat = ids.flatten()
         routed = int((torch.bincount(flat[flat >= 0], minlength=self.E) > 0).sum())
         return m * (1 - routed / self.E)
 
     def _load(self, layer: int, held: torch.Tensor) -> None:
-        """Queue the loads of `layer`'s experts that are not resident (held: their cache slots,
-        -1), G to a pass; the first pass also reads every resident expert from its cache slot."""
+        """Plan the loads of `layer`'s experts that are not resident (held: their cache slots,
+        -1), G to a pass (queued by go or the layer's passes); the first pass also reads every
+        resident expert from its cache slot."""
         c = self.rt.cache
         if self.slots is None:  # the coldest slots: queued work may still read them, and their experts leave
             self.slots = c.tables.reserve(2 * self.G)
@@ -191,7 +213,6 @@ class LayerStreamer:
             self.queue.append((layer, j, fetch[j * self.G:(j + 1) * self.G],
                                held.clone() if j == 0 else torch.full_like(held, -1)))
         c.stats.record(slot_bytes=self.rt.store.layout.slot_bytes, streamed=len(fetch), passes=len(self.ready[layer]))
-        self._pump()
 
     def _pump(self) -> None:
         """Start the queued loads whose buffer's last reader is queued (two passes ahead at most)."""
@@ -203,10 +224,9 @@ class LayerStreamer:
             dest = self.slots[buf * self.G:buf * self.G + len(experts)]
             event = None
             if self.cuda:
-                if self.read[buf] is None:  # the buffer's first use: queued work may read its slots
-                    self.copy_stream.wait_stream(torch.cuda.current_stream())
-                else:  # not the work queued since, which reads the other buffer: the copies overlap it
-                    self.copy_stream.wait_event(self.read[buf])
+                # not the work queued since, which reads the other buffer (or, at the buffer's
+                # first use, no cache slot of the chunk): the copies overlap it
+                self.copy_stream.wait_event(self.read[buf])
                 with torch.cuda.stream(self.copy_stream):
                     for s, e in zip(dest, experts):
                         c.pool[s].copy_(bank[e], non_blocking=True)

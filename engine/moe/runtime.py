@@ -13,7 +13,7 @@ import torch
 from engine.moe.cache import ExpertCache
 from engine.moe.layout import expert_bias
 from engine.moe.policy import MissPolicy
-from engine.moe.prefill import LayerStreamer
+from engine.moe.prefill import SMALL_GROUP_ROUTES, LayerStreamer
 from engine.moe.qstar import QStar
 from engine.moe.store import HostExpertStore
 from kernels import ref
@@ -63,6 +63,16 @@ class ExpertRuntime:
             self.qstar.graph_step(ctl.poller if ctl.branch else None)
             ctl.set_q()
 
+    def before_forward(self, tokens: int, top_k: int, prefill: bool) -> None:
+        """Before an eager forward of `tokens` tokens: a prefill chunk of more than
+        SMALL_GROUP_ROUTES routes an expert, which routes to every expert of a layer, decides now
+        to stream its first layer, so that those loads run behind the first layer's attention
+        instead of after its router (see engine.moe.prefill)."""
+        st = self.streamer
+        if (prefill and tokens * top_k > SMALL_GROUP_ROUTES * st.E and not st.active and st.usable
+                and self._resident_slots() is None):
+            st.begin(tokens)
+
     def after_graph_step(self) -> None:
         """After a decode graph was replayed: wait for it without spinning where the CPU branch runs."""
         if self.device_ctl is not None:
@@ -108,6 +118,8 @@ class ExpertRuntime:
             self._count_hits(ids)
             c.stats.record(scan=ids.numel() > SHORT_ROUTES_PER_EXPERT * self.store.shard.n_experts)
             return self.run_cached(x, self._resident[layer * c.n_experts + ids], weights).to(x.dtype)
+        if self.streamer.active:  # the loads decided at the last layer's end, behind this one's attention
+            self.streamer.go()
         ids_h = ids.cpu()
         self.qstar.update()
         # A short chunk (an agent's follow-up) is treated like decode: the q* split, fills kept
@@ -118,8 +130,8 @@ class ExpertRuntime:
         st = self.streamer
         if scan:
             c.stats.record(scan=True)
-            if layer == 0 and st.usable:
-                st.begin(ids_h)
+            if layer == 0 and st.usable and not st.active:  # (active: begun before the forward)
+                st.begin(ids_h.shape[0], ids_h)
         # a streamed layer plans nothing against the cache: what is next is read now, before its
         # wait for its buffer is queued (on the device tables that read waits for the queue)
         if scan and layer in st.ready:
