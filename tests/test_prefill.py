@@ -133,7 +133,8 @@ def test_a_long_chunk_queues_its_first_layers_loads_before_its_first_attention(t
     the first layer's loads are decided before the forward and queued at its first layer's step
     (before the wait for its router), so that they run behind its attention instead of after its
     router; a shorter chunk decides at its first layer, on its routes. Either way a layer's loads
-    are queued after the attention before them. The logits are plain prefill's either way."""
+    are queued after the attention before them, and which experts are resident is read once for
+    the chunk (no layer plans against the cache). The logits are plain prefill's either way."""
     from engine.moe.block import MoEBlock
     from engine.moe.prefill import SMALL_GROUP_ROUTES
     _, _, ftw = tiny_model("qwen3_moe")
@@ -144,6 +145,8 @@ def test_a_long_chunk_queues_its_first_layers_loads_before_its_first_attention(t
     monkeypatch.setattr(rt.streamer, "_load", lambda layer, held: (events.append(f"load {layer}"), load_(layer, held)))
     monkeypatch.setattr(rt.streamer, "go", lambda: (events.append("go"), go()))
     queued = []  # copies queued by each layer's router: none before the first layer's step
+    resident, reads = rt.cache.tables.resident, []
+    monkeypatch.setattr(rt.cache.tables, "resident", lambda base, n: (reads.append(base), resident(base, n))[1])
     monkeypatch.setattr(MoEBlock, "route", lambda self, x: (events.append(f"route {self.moe_index}"),
                                                             queued.append(rt.streamer.loaded), route(self, x))[2])
     g = torch.Generator().manual_seed(16)
@@ -154,8 +157,9 @@ def test_a_long_chunk_queues_its_first_layers_loads_before_its_first_attention(t
         want = prefill_logits(load(ftw), ids)
         empty_cache(e)
         rt.qstar.start(1e6, 1.0)  # a fast link: streams whenever a layer misses
-        events.clear(), queued.clear()
+        events.clear(), queued.clear(), reads.clear()
         assert torch.equal(prefill_logits(e, ids, step=True), want)
+        assert reads == [0] and rt.streamer.held is None, reads
         assert n == short or (queued[0] == 0 and queued[1] > 0), queued
         assert events[:3] == first and "load 1" in events, (n, events)
         assert not rt.streamer.active and rt.streamer.slots is None

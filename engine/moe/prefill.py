@@ -26,6 +26,10 @@ first loads wait only for the work queued before the chunk.
 Loads decided at a layer's end are queued at the next layer step's start (go), before its wait
 for its router: queueing a pass's copies takes the host a millisecond or more, in which the GPU
 would otherwise idle once the layer's experts are computed; then it computes the next attention.
+Which experts are resident is read once for every layer at the chunk's start (residency), again
+only after a layer planned against the cache; a chunk taken to route to every expert needs no
+routes on the host for its streamed layers either, so those queue their work without waiting for
+the GPU at all.
 c is timed on the compute stream (CUDA events; the host clock on the CPU) from one layer step's
 end to the next, less the layer's own transfers (its fills, or its waits for streamed buffers),
 so it is measured for every layer, streamed or not. A decision uses the newest completed
@@ -78,6 +82,8 @@ class LayerStreamer:
         self.compute, self.compute_tokens = 0.0, 0  # newest measured layer compute (s), its chunk's tokens
         self.start, self.waits, self.pending = None, [], []  # the open layer window, timed windows
         self.read = [None, None]  # per buffer: an event after the work of its last reader (CUDA)
+        self.held: torch.Tensor | None = None  # every layer's experts' cache slots (host), read at the chunk's start
+        self.every = False                       # the chunk is taken to route to every expert
 
     @property
     def usable(self) -> bool:
@@ -93,7 +99,7 @@ class LayerStreamer:
         first layer streams too where the rule below says so, so that the next layer's loads run
         behind its compute instead of waiting for it (and, decided before the chunk's forward,
         its own loads behind the first attention)."""
-        self.active, self.ready, self.tokens = True, {}, tokens
+        self.active, self.ready, self.tokens, self.held, self.every = True, {}, tokens, None, ids is None
         est, compute = self.rt.qstar.estimator, self.estimate()
         link_bound = bool(est and est.b_p and compute and ids is not None and ids.numel() <= SMALL_GROUP_ROUTES * self.E
                           and self.E * self.rt.store.layout.slot_bytes / est.b_p > compute)
@@ -102,7 +108,18 @@ class LayerStreamer:
         # the buffers' last readers: the work queued before the chunk (the slots leave the cache now)
         self.read = [self.start] * 2 if self.cuda else [None, None]
         if self.rt.policy.cacheable(0):
-            self._decide(0, ids, self.rt.cache.tables.resident(0, self.E), compute)
+            self._decide(0, ids, self.residency(0), compute)
+
+    def residency(self, layer: int, fresh: bool = False) -> torch.Tensor:
+        """The cache slots of `layer`'s experts (-1: not resident), from one read of every layer's
+        at the chunk's start, or a new one (`fresh`) after a layer step planned against the cache.
+        The streamed layers never touch the tables, so between plans nothing else is read (on the
+        device tables a read waits for all the queued work)."""
+        if fresh or self.held is None:
+            self.held = self.rt.cache.tables.resident(0, len(self.rt.store.banks) * self.E)
+            if self.slots is not None:
+                self.held[torch.isin(self.held, torch.tensor(self.slots))] = -1
+        return self.held[layer * self.E:(layer + 1) * self.E]
 
     def go(self) -> None:
         """At a layer step's start, before its wait for its router: queue the loads decided since
@@ -115,7 +132,7 @@ class LayerStreamer:
             if self.cuda:  # the buffers return to the cache once their last reads are done
                 torch.cuda.current_stream().synchronize()
             self.rt.cache.tables.release(self.slots)
-        self.active, self.slots, self.ready, self.queue = False, None, {}, []
+        self.active, self.slots, self.ready, self.queue, self.held = False, None, {}, [], None
 
     def passes(self, layer: int):
         """Yield the slot ids [E] of each pass of a streamed layer (-1: an expert of another pass),
@@ -169,15 +186,16 @@ class LayerStreamer:
         """One layer's compute for this chunk: the newest measurement scaled by tokens (0: none)."""
         return self.compute * self.tokens / self.compute_tokens if self.compute_tokens else 0.0
 
-    def maybe_prefetch(self, layer: int, ids: torch.Tensor, held: torch.Tensor | None) -> None:
-        """After layer-1's step, whose routes were ids [T, K] (local expert ids, -1 elsewhere),
-        with held the cache slots of `layer`'s experts (-1: not resident; None: never stream it):
-        start streaming `layer` if the bandwidth model says so; then open its compute window."""
+    def maybe_prefetch(self, layer: int, ids: torch.Tensor | None, held: torch.Tensor | None) -> None:
+        """After layer-1's step, whose routes were ids [T, K] (local expert ids, -1 elsewhere; None
+        or a chunk begun as routing to every expert: every expert routed), with held the cache
+        slots of `layer`'s experts (-1: not resident; None: never stream it): start streaming
+        `layer` if the bandwidth model says so; then open its compute window."""
         if not self.active:
             return
         compute = self._measure()
         if held is not None:
-            self._decide(layer, ids, held, compute)
+            self._decide(layer, None if self.every else ids, held, compute)
         self.start = self._mark()
 
     def _decide(self, layer: int, ids: torch.Tensor | None, held: torch.Tensor, compute: float) -> None:
@@ -206,7 +224,10 @@ class LayerStreamer:
         c = self.rt.cache
         if self.slots is None:  # the coldest slots: queued work may still read them, and their experts leave
             self.slots = c.tables.reserve(2 * self.G)
-            held = torch.where(torch.isin(held, torch.tensor(self.slots)), -1, held)
+            gone = torch.tensor(self.slots)
+            held = torch.where(torch.isin(held, gone), -1, held)
+            if self.held is not None:
+                self.held[torch.isin(self.held, gone)] = -1
         fetch = (held < 0).nonzero().flatten().tolist()
         self.ready[layer] = [None] * max(1, -(-len(fetch) // self.G))
         for j in range(len(self.ready[layer])):

@@ -118,22 +118,23 @@ class ExpertRuntime:
             self._count_hits(ids)
             c.stats.record(scan=ids.numel() > SHORT_ROUTES_PER_EXPERT * self.store.shard.n_experts)
             return self.run_cached(x, self._resident[layer * c.n_experts + ids], weights).to(x.dtype)
-        if self.streamer.active:  # the loads decided at the last layer's end, behind this one's attention
-            self.streamer.go()
-        ids_h = ids.cpu()
-        self.qstar.update()
+        st = self.streamer
+        if st.active:  # the loads decided at the last layer's end, behind this one's attention
+            st.go()
         # A short chunk (an agent's follow-up) is treated like decode: the q* split, fills kept
         # hot. A long one scans nearly every expert: each layer either has its non-resident
         # experts streamed into a prefill buffer or its misses fetched as cold entries, so the
         # decode working set survives it.
         scan = prefill and ids.numel() > SHORT_ROUTES_PER_EXPERT * self.store.shard.n_experts  # the same on every rank
-        st = self.streamer
+        # a streamed layer of a chunk taken to route to every expert needs no routes on the host
+        # (reading them would wait for all the queued work)
+        ids_h = None if scan and layer in st.ready and st.every else ids.cpu()
+        self.qstar.update()
         if scan:
             c.stats.record(scan=True)
             if layer == 0 and st.usable and not st.active:  # (active: begun before the forward)
                 st.begin(ids_h.shape[0], ids_h)
-        # a streamed layer plans nothing against the cache: what is next is read now, before its
-        # wait for its buffer is queued (on the device tables that read waits for the queue)
+        # a streamed layer plans nothing against the cache: what is next is known already
         if scan and layer in st.ready:
             ahead = self._ahead(layer)
             routes = None
@@ -175,7 +176,7 @@ class ExpertRuntime:
         c = self.cache
         q = self.policy.q(layer, scan, self.qstar.value) if self.cpu_misses(layer) else 1.0
         route, victims, fetch, hits, misses = c.tables.plan(ids_h, layer * c.n_experts, q, cold=scan)
-        ahead = self._ahead(layer) if scan else None  # read at the plan's sync, before any work is queued
+        ahead = self._ahead(layer, fresh=True) if scan else None  # read at the plan's sync, before any work is queued
         route = route.view(ids_h.shape)
         cpu_ids = torch.where(route < 0, ids_h, -1)
         n_cpu = misses - len(victims)
@@ -203,13 +204,14 @@ class ExpertRuntime:
             out += out_h.to(x.device, non_blocking=True)
         return out, ahead
 
-    def _ahead(self, layer: int) -> torch.Tensor | None:
+    def _ahead(self, layer: int, fresh: bool = False) -> torch.Tensor | None:
         """The cache slots of layer+1's experts (-1: not resident) for the streamer, if it may
-        stream that layer (None: no streamer running, the last layer, or one never cached)."""
-        nxt, E = layer + 1, self.cache.n_experts
+        stream that layer (None: no streamer running, the last layer, or one never cached);
+        fresh: read again, after this layer's plan changed the cache."""
+        nxt = layer + 1
         if not self.streamer.active or nxt >= len(self.store.banks) or not self.policy.cacheable(nxt):
             return None
-        return self.cache.tables.resident(nxt * E, E)
+        return self.streamer.residency(nxt, fresh)
 
     def run_cached(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, **kw) -> torch.Tensor:
         """The routes of `slots` [T, K] (-1: elsewhere) from the device cache -> [T, H] float32."""

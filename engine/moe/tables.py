@@ -213,7 +213,7 @@ class DeviceTables:
         return slots.tolist(), flats.tolist()
 
     def resident(self, base: int, n: int) -> torch.Tensor:
-        return self.slot_of[base:base + n].cpu()
+        return self.slot_of[base:base + n].to("cpu", copy=True)  # a copy even on the CPU: callers may edit it
 
     @property
     def owned(self) -> int:
