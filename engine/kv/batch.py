@@ -51,8 +51,8 @@ class ForwardBatch:
             q_lens.append(n)
             ctx_lens.append(start + n)
 
-        def t(x, dt=torch.int64):  # a copy that does not wait for the stream: a step may run ahead of this one
-            return torch.tensor(x, dtype=dt).to(device, non_blocking=True)
+        def t(x, dt=np.int64):  # a copy that does not wait for the stream: a step may run ahead of this one
+            return torch.from_numpy(np.asarray(x, dtype=dt)).to(device, non_blocking=True)  # (numpy: ~3x faster)
 
         def paged(page_lists):  # -> (page table, slot of each new token)
             table = np.zeros((len(page_lists), max(len(p) for p in page_lists)), np.int32)
@@ -64,6 +64,6 @@ class ForwardBatch:
                 torch.from_numpy(slots.astype(np.int64)).to(device, non_blocking=True)
         table, slots = paged([p for _, _, p in seqs])
         sliding_table, sliding_slots = paged(sliding) if sliding is not None else (None, None)
-        return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, torch.int32), table, slots, t(rows),
+        return ForwardBatch(t(ids), t(pos), q_lens, ctx_lens, t(ctx_lens, np.int32), table, slots, t(rows),
                             None if states is None else t(states), tuple(snapshots), sliding_table, sliding_slots,
                             None if states_out is None else t(states_out))
