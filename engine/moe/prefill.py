@@ -117,8 +117,6 @@ class LayerStreamer:
         device tables a read waits for all the queued work)."""
         if fresh or self.held is None:
             self.held = self.rt.cache.tables.resident(0, len(self.rt.store.banks) * self.E)
-            if self.slots is not None:
-                self.held[torch.isin(self.held, torch.tensor(self.slots))] = -1
         return self.held[layer * self.E:(layer + 1) * self.E]
 
     def go(self) -> None:
@@ -223,11 +221,9 @@ class LayerStreamer:
         resident expert from its cache slot."""
         c = self.rt.cache
         if self.slots is None:  # the coldest slots: queued work may still read them, and their experts leave
-            self.slots = c.tables.reserve(2 * self.G)
-            gone = torch.tensor(self.slots)
-            held = torch.where(torch.isin(held, gone), -1, held)
-            if self.held is not None:
-                self.held[torch.isin(self.held, gone)] = -1
+            self.slots = c.tables.reserve(2 * self.G)  # (the tables forget those experts; the chunk's read too)
+            self.held[torch.isin(self.held, torch.tensor(self.slots))] = -1
+            held = self.residency(layer)
         fetch = (held < 0).nonzero().flatten().tolist()
         self.ready[layer] = [None] * max(1, -(-len(fetch) // self.G))
         for j in range(len(self.ready[layer])):
