@@ -165,6 +165,23 @@ def test_a_long_chunk_queues_its_first_layers_loads_before_its_first_attention(t
         assert not rt.streamer.active and rt.streamer.slots is None
 
 
+def test_a_prefill_forward_reads_whether_every_expert_is_resident_once(tiny_model, monkeypatch):
+    """Stepped by the runner, a prefill forward reads it before its work is queued and its first
+    layer takes that; a forward not stepped by the runner reads it at its first layer."""
+    _, _, ftw = tiny_model("qwen3_moe")
+    from engine.moe.prefill import SMALL_GROUP_ROUTES
+    e = load(ftw)  # the budget holds every expert
+    rt, reads = e.runtime, []
+    n = SMALL_GROUP_ROUTES * rt.cache.n_experts // e.cfg.router.top_k + 1  # (long enough to stream, were any missing)
+    ids = torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(3)).tolist()
+    resident_slots = rt._resident_slots
+    monkeypatch.setattr(rt, "_resident_slots", lambda: (reads.append(1), resident_slots())[1])
+    want = prefill_logits(e, ids)
+    assert reads == [1]
+    assert torch.equal(prefill_logits(e, ids, step=True), want) and reads == [1, 1]
+    assert rt.cache.stats.misses == 0
+
+
 def test_buffers_hold_a_layer_when_three_fit_else_an_even_share_of_it():
     from engine.moe.prefill import group_size
     assert [group_size(128, n) for n in (384, 383, 250, 192, 128, 96, 48, 47)] == [128, 64, 64, 64, 32, 32, 16, 0]

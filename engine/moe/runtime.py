@@ -35,6 +35,7 @@ class ExpertRuntime:
         self._experts = ref.moe_experts
         self.device_ctl = None  # engine.moe.device_control.DeviceControl in graph mode
         self._resident = None   # every expert's slot, during a prefill forward that finds all resident
+        self._read_ahead = False  # _resident was read before this forward (before_forward)
         self.streamer = LayerStreamer(self, prefill_mode)
         if cache.pool.is_cuda:  # decode-sized batches run the Triton GEMV kernel; a layer step's
             from kernels.moe_triton import moe_experts_auto  # routes meet at most E slots
@@ -67,10 +68,12 @@ class ExpertRuntime:
         """Before an eager forward of `tokens` tokens: a prefill chunk of more than
         SMALL_GROUP_ROUTES routes an expert, which routes to every expert of a layer, decides now
         to stream its first layer, so that those loads run behind the first layer's attention
-        instead of after its router (see engine.moe.prefill)."""
-        st = self.streamer
-        if (prefill and tokens * top_k > SMALL_GROUP_ROUTES * st.E and not st.active and st.usable
-                and self._resident_slots() is None):
+        instead of after its router (see engine.moe.prefill). Whether every expert is resident is
+        read here too, for the forward's first layer, before any of its work is queued."""
+        if not prefill:
+            return
+        self._resident, self._read_ahead, st = self._resident_slots(), True, self.streamer
+        if tokens * top_k > SMALL_GROUP_ROUTES * st.E and not st.active and st.usable and self._resident is None:
             st.begin(tokens)
 
     def after_graph_step(self) -> None:
@@ -113,7 +116,9 @@ class ExpertRuntime:
         if self.device_ctl is not None and not prefill and ids.numel() <= self.device_ctl.route.numel():
             return self.device_ctl.forward(layer, x, ids, weights)
         if prefill and layer == 0:  # a forward's first layer: is every expert resident (for all of it)?
-            self._resident = self._resident_slots()
+            if not self._read_ahead:  # (a forward not stepped by the runner)
+                self._resident = self._resident_slots()
+            self._read_ahead = False
         if prefill and self._resident is not None:  # nothing to plan: no wait for the router
             self._count_hits(ids)
             c.stats.record(scan=ids.numel() > SHORT_ROUTES_PER_EXPERT * self.store.shard.n_experts)
