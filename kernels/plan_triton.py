@@ -50,7 +50,7 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     before = (sn[None, :] > sn[:, None]) | ((sn[None, :] == sn[:, None]) & (
         (cnt[None, :] > cnt[:, None]) | tie_id))
     rank = tl.sum((before & missf[None, :]).to(tl.int32), axis=1)       # [BLOCK_N]
-    # F = split_fetch(M, q, recurring) in float64 like the Python reference, capped by unprotected slots
+    # F = split_fetch(M, q, least) in float64 like the Python reference, capped by unprotected slots
     qv = tl.load(q_ptr).to(tl.float64)
     qs = tl.where((qv > 0.0) & (qv < 1.0), qv, 0.5)
     m = n_miss.to(tl.float64)
@@ -60,26 +60,31 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     cost1 = tl.maximum(f1.to(tl.float64) / qs, (m - f1.to(tl.float64)) / (1.0 - qs))
     f = tl.where((f1 <= n_miss) & (cost1 <= cost0), f1, f0)
     f = tl.where(qv >= 1.0, n_miss, tl.where(qv <= 0.0, 0, f))
+    split = (qv > 0.0) & (qv < 1.0)
     recurring = tl.sum((missf & (sn >= 0) & (sn >= c - n_layers)).to(tl.int32), axis=0) > 0
-    f = tl.where((qv > 0.0) & (qv < 1.0) & recurring, tl.maximum(f, 1), f)
-    f = tl.minimum(f, S - n_hit)
-    # victims: the f smallest keys (last_use, slot); the hits are protected by last_use at the clamp
+    fs = tl.minimum(tl.where(split, n_miss, f), S - n_hit)      # candidates scanned
+    f = tl.minimum(tl.where(split & recurring, tl.maximum(f, 1), f), S - n_hit)
+    # candidates: the fs smallest keys (last_use, slot); the hits are protected by last_use at the clamp
     tl.store(last_use + slot, LU_MAX, mask=hitf)
     tl.debug_barrier()                                           # before any lane's scan reads it
-    cand = tl.where(ln < f, INF, NEG).to(tl.int64)              # [BLOCK_N]; lanes >= f inert
-    for s0 in range(0, tl.where(f > 0, S, 0), BLOCK_S):       # nothing to fill: no scan
+    cand = tl.where(ln < fs, INF, NEG).to(tl.int64)             # [BLOCK_N]; lanes >= fs inert
+    for s0 in range(0, tl.where(fs > 0, S, 0), BLOCK_S):      # nothing to fill: no scan
         offs = s0 + tl.arange(0, BLOCK_S)                        # [BLOCK_S] slots
         ms = offs < S
         lu = tl.minimum(tl.load(last_use + offs, mask=ms, other=0).to(tl.int64), LU_MAX)
         key = tl.where(ms, ((lu + 1) << IDX) + offs, DEAD)
-        n_take = tl.minimum(tl.sum((key < tl.max(cand, axis=0)).to(tl.int32), axis=0), f)
+        n_take = tl.minimum(tl.sum((key < tl.max(cand, axis=0)).to(tl.int32), axis=0), fs)
         for _ in range(0, n_take):                               # keys below the threshold
             mk = tl.min(key, axis=0)
             pos = tl.where(mk < tl.max(cand, axis=0), tl.argmax(cand, axis=0), -1)
             cand = tl.where(ln == pos, mk, cand)
             key = tl.where(key == mk, DEAD, key)
-    act = ln < f
-    crank = tl.sum(((cand[None, :] < cand[:, None]) & act[None, :]).to(tl.int32), axis=1)
+    scanned = ln < fs
+    crank = tl.sum(((cand[None, :] < cand[:, None]) & scanned[None, :]).to(tl.int32), axis=1)
+    # as many fills as the empty slots first in line take at least (they evict nothing)
+    own = tl.load(owner_of + (cand & IDX_MASK), mask=scanned, other=-1)
+    f = tl.maximum(f, tl.min(tl.where(scanned & (own >= 0), crank, fs), axis=0))
+    act = scanned & (crank < f)
     tl.store(vic_ptr + crank, cand & IDX_MASK, mask=act)   # victims in LRU order
     got = valid & ~hit & (rank < f)                              # routes whose expert is fetched
     tl.store(fetch_ptr + rank, fid - base, mask=got & first)

@@ -175,13 +175,13 @@ def latent_attention(q: torch.Tensor, latent_pool: torch.Tensor, page_table: tor
     return paged_attention(q, latent_pool, latent_pool[..., :v_dim], page_table, q_lens, ctx_lens, scale)
 
 
-def split_fetch(m: int, q: float, recurring: bool = False) -> int:
+def split_fetch(m: int, q: float, least: int = 0) -> int:
     """How many of m misses to fetch over PCIe (the rest run on the CPU): the integer F in
     {floor(qm), floor(qm)+1} that minimises the slower branch max(F/q, (m-F)/(1-q)), where
     q = B_P / (B_P + B_H). Ties go to fetching, since a fill can be reused. For the same reason
-    F is at least 1 when one of the misses recurs (was also demanded at this layer's previous
-    step): a miss left to the CPU is never cached, so a recurring expert would otherwise run
-    on the CPU at every step."""
+    F is at least `least` (at most m; see plan): a miss left to the CPU is never cached, so a
+    recurring expert would otherwise run on the CPU at every step, and a cache with room for
+    more than the steps' misses would fill through recurring misses only."""
     if q >= 1.0:
         return m
     if q <= 0.0:
@@ -189,7 +189,7 @@ def split_fetch(m: int, q: float, recurring: bool = False) -> int:
     f = int(q * m)
     cands = [c for c in (f + 1, f) if c <= m]
     f = min(cands, key=lambda c: max(c / q, (m - c) / (1 - q)))
-    return max(f, 1) if recurring else f
+    return max(f, min(least, m))
 
 
 def recurs(seen: int, clock: int, n_layers: int) -> bool:
@@ -206,8 +206,9 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     ids [T, K] expert ids of this layer (-1: a route computed elsewhere, e.g. by another rank,
     which stays -1 and is not counted); slot_of [L*E] (slot or -1), owner_of [S] (flat id or
     -1), last_use [S] and seen [L*E] (clock of last demand). Deduplicates the routed experts,
-    classifies hits and misses, fetches F = split_fetch(M, q, a miss recurs) of the M misses (most recently
-    demanded first, then most routed tokens) into the least recently used slots that no hit of
+    classifies hits and misses, fetches F = split_fetch(M, q, least) of the M misses (most recently
+    demanded first, then most routed tokens; least: 1 when a miss recurs, and as many as the least
+    recently used slots that are empty, fills that evict nothing) into the least recently used slots that no hit of
     this step owns and that are not reserved (last_use at its maximum: prefill buffers), and
     returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert ids [F] within the
     layer, hits, misses). With cold, the fills enter as least recently used
@@ -224,9 +225,12 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     miss = miss[order]
     protect = last_use == torch.iinfo(last_use.dtype).max  # reserved (prefill buffers)
     protect[slots[hit]] = True
+    order = torch.argsort(last_use.masked_fill(protect, torch.iinfo(last_use.dtype).max), stable=True)
+    order = order[:int((~protect).sum())]
+    room = int(torch.cumprod(owner_of[order[:miss.numel()]] < 0, 0).sum())  # empty slots first in line
     recurring = any(recurs(int(t), clock, slot_of.numel() // n_experts) for t in seen[miss])
-    f = min(split_fetch(miss.numel(), q, recurring), int((~protect).sum()))
-    victims = torch.argsort(last_use.masked_fill(protect, torch.iinfo(last_use.dtype).max), stable=True)[:f]
+    f = min(split_fetch(miss.numel(), q, max(room, int(recurring))), order.numel())
+    victims = order[:f]
     fetch = miss[:f]
     old = owner_of[victims]
     slot_of[old[old >= 0]] = -1

@@ -56,13 +56,13 @@ def test_plan_invariants_random():
         T = int(torch.randint(1, 5, (), generator=g))
         ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
         q = float(torch.rand((), generator=g))
-        resident_before, seen_before = slot_of.clone(), seen.clone()
+        resident_before, seen_before, room = slot_of.clone(), seen.clone(), int((owner_of < 0).sum())
         route, victims, fetch, hits, misses = ref.plan(ids, layer, E, slot_of, owner_of, last_use, seen, clock, q)
         flat = ids + layer * E
         assert hits + misses == flat.unique().numel()
         missed = [f for f in flat.unique().tolist() if resident_before[f] < 0]
         recurring = any(ref.recurs(int(seen_before[f]), clock, L) for f in missed)
-        assert len(victims) == ref.split_fetch(misses, q, recurring)
+        assert len(victims) == ref.split_fetch(misses, q, max(room, recurring))  # empty slots lead the LRU order
         # no slot double-booked; tables agree with each other
         live = owner_of[owner_of >= 0]
         assert live.unique().numel() == live.numel()
@@ -100,20 +100,30 @@ def test_split_fetch_matches_brute_force(q):
 def test_recurring_miss_is_cached():
     """A miss left to the CPU is never cached: with q < 0.5 a lone miss would run on the CPU at
     every step. When it recurs (demanded at its layer's previous step) it is fetched once and
-    hits from then on; a first demand still follows the split."""
-    S, L, E = 8, 2, 8
+    hits from then on; a first demand into a full cache still follows the split."""
+    S, L, E = 4, 2, 8
     slot_of, owner_of, last_use, seen = tables(S, L, E)
+    ref.plan(torch.tensor([[4, 5, 6, 7]]), 1, E, slot_of, owner_of, last_use, seen, 1, 1.0)  # a full cache
     got = []
-    for clock in range(1, 9):  # two layers per token, the same experts every token
-        layer = (clock - 1) % L
-        _, victims, _, hits, misses = ref.plan(torch.tensor([[1]]), layer, E, slot_of, owner_of, last_use,
-                                               seen, clock, 0.3)
-        got.append((len(victims), hits))
-    assert got[:2] == [(0, 0), (0, 0)]         # first demand: F = 0 of M = 1 at q = 0.3
-    assert got[2:4] == [(1, 0), (1, 0)]        # recurring: fetched once
-    assert got[4:] == [(0, 1)] * 4             # then hits
-    assert ref.split_fetch(1, 0.3) == 0 and ref.split_fetch(1, 0.3, True) == 1
-    assert ref.split_fetch(5, 0.0, True) == 0  # the cpu policy and static CPU layers never fetch
+    for clock in range(2, 10):  # two layers per token, the same experts every token
+        layer = clock % L
+        _, victims, _, hits, misses = ref.plan(torch.tensor([[1 if layer == 0 else 4]]), layer, E, slot_of,
+                                               owner_of, last_use, seen, clock, 0.3)
+        if layer == 0:
+            got.append((len(victims), hits))
+    assert got == [(0, 0), (1, 0), (0, 1), (0, 1)]  # first demand: F = 0 of M = 1; recurring: fetched; hits
+    assert ref.split_fetch(1, 0.3) == 0 and ref.split_fetch(1, 0.3, 1) == 1
+    assert ref.split_fetch(5, 0.0, 1) == 0 and ref.split_fetch(0, 0.3, 1) == 0  # cpu policy; no miss
+
+
+def test_empty_slots_take_the_misses():
+    """A fill into an empty slot evicts nothing: first demands are fetched into the empty slots
+    first in line (a cache larger than the steps' misses fills up), and split once none is left."""
+    S, E = 3, 8
+    t = tables(S, 1, E)
+    fills = [len(ref.plan(torch.tensor([e]), 0, E, *t, clock, 0.3)[1]) for clock, e in enumerate([[0, 1], [2, 3], [4]], 1)]
+    assert fills == [2, 1, 0]  # the split alone: F = 0 of M = 2 and of M = 1 at q = 0.3
+    assert ref.split_fetch(2, 0.3) == 0 and ref.split_fetch(2, 0.3, 5) == 2
 
 
 def test_host_tables_match_reference_plan():

@@ -631,6 +631,7 @@ def test_plan_stages_the_cpu_branch(T):
     x_h, ids_h = torch.zeros(Tmax, H, **host), torch.full((Tmax, K), -5, dtype=torch.int64, **host)
     w_h, n_h, go = torch.zeros(Tmax, K, **host), torch.zeros(1, dtype=torch.int64, **host), torch.zeros(1, dtype=torch.int32, **host)
     out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (T * K, T * K, 6)]
+    cpu, gpu = [], []
     for step in range(1, 6):
         ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)]).to(DEV)
         x, w = torch.randn(T, H, generator=gen).to(DEV), torch.rand(T, K, generator=gen).to(DEV)
@@ -642,25 +643,31 @@ def test_plan_stages_the_cpu_branch(T):
         assert torch.equal(ids_h[:T], torch.where(route < 0, ids, -1).cpu()) and (ids_h[T:] == -5).all()
         assert torch.equal(x_h[:T], x.cpu()) and torch.equal(w_h[:T], w.cpu()) and n_h.item() == out[2][2].item()
         assert go.item() == 100 + step
-    assert (ids_h[:T] >= 0).any() and (ids_h[:T] < 0).any()     # both sides were staged
+        cpu.append(bool((ids_h[:T] >= 0).any()))
+        gpu.append(bool((ids_h[:T] < 0).any()))
+    assert any(cpu) and any(gpu)                                 # both sides were staged
 
 
-def test_plan_split_fetch_and_capacity():
-    """F for every M of one step against ref.split_fetch, and the cap by unprotected slots."""
+@pytest.mark.parametrize("full", [False, True])
+def test_plan_split_fetch_and_capacity(full):
+    """F for every M of one step against ref.split_fetch, at least the empty slots first in line,
+    and the cap by unprotected slots."""
     E, S = 16, 6
     for q in (0.25, 0.5, 0.6, 0.9):
         for M in (1, 3, 5, 8):
             slot_of, owner_of, last_use, seen = (t.to(DEV) for t in _tables(1, E, S))
             slot_of[:2], owner_of[:2] = torch.arange(2), torch.arange(2)    # experts 0, 1 hit
+            if full:                                                        # experts 12..15 fill the rest
+                slot_of[12:], owner_of[2:] = torch.arange(2, S), torch.arange(12, 16)
             ids = torch.arange(M + 2).view(1, -1)
             out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (M + 2, M + 2, M + 2)]
             out.append(torch.tensor([0, 0, 0, 4, 5, 6], device=DEV))   # totals so far
             plan(ids.to(DEV), 0, E, slot_of, owner_of, last_use, seen,
                  torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([q], device=DEV),
                  out[0].view(1, -1), *out[1:])
-            f = min(ref.split_fetch(M, float(torch.tensor(q))), S - 2)
+            f = min(ref.split_fetch(M, float(torch.tensor(q)), 0 if full else S - 2), S - 2)
             assert out[3].tolist() == [2, M, f, 6, 5 + M, 6 + f], (q, M)
-            assert set(out[1][:f].tolist()) == set(range(2, 2 + f))   # LRU: empty slots first
+            assert set(out[1][:f].tolist()) == set(range(2, 2 + f))   # LRU: slot order at equal last use
 
 
 # ---------------------------------------------------------------- router

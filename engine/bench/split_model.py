@@ -3,7 +3,7 @@ miss policies, whole-expert splits against the ideal split, and a cross-layer pr
 link. No GPU and no weights needed.
 
 Replays the trace through the engine's host residency tables (the plan rule of the GPU kernel:
-LRU, the q split, the recurring-miss rule), from the cache the loader leaves (empty, or every
+LRU, the q split, the recurring-miss and empty-slot rules), from the cache the loader leaves (empty, or every
 expert when the budget holds them all), and prices every layer step's misses: the engine's split,
 max(F·s / B_P, (M − F)·s / B_H + the executor's cost per job), beside the ideal split of the same
 misses, M·s / (B_P + B_H), the bound's; the concurrent bandwidths of the profile where both sides

@@ -5,6 +5,7 @@ the graph path's plan kernel updates without a host sync. Both make the decision
 kernels.ref.plan."""
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
@@ -129,14 +130,12 @@ class HostTables:
         counts = dict(zip(uniq, routes))
         hit_slots = {self.slot_of[f] for f in uniq if self.slot_of[f] >= 0}
         misses = sorted((f for f in uniq if self.slot_of[f] < 0), key=lambda f: (-self.seen[f], -counts[f], f))
+        # the least recently used slots, as many as the misses (not the hits', not the reserved)
+        head = list(itertools.islice((s for s in self.lru if s not in hit_slots), len(misses)))
+        room = next((i for i, s in enumerate(head) if self.owner_of[s] >= 0), len(head))
         recurring = any(ref.recurs(self.seen[f], self.clock, self.n_layers) for f in misses)
-        n = min(ref.split_fetch(len(misses), q, recurring), len(self.lru) - len(hit_slots))  # not the reserved
-        victims = []
-        for s in self.lru:
-            if len(victims) == n:
-                break
-            if s not in hit_slots:
-                victims.append(s)
+        n = min(ref.split_fetch(len(misses), q, max(room, recurring)), len(self.lru) - len(hit_slots))
+        victims = head[:n]
         assert len(victims) == n, "a routed step ran out of slots (reserved prefill buffers?)"
         for s, f in zip(victims, misses):
             self.install(s, f)
