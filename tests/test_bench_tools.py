@@ -32,13 +32,14 @@ def test_prefetch_signal_on_the_demo_model():
 
 def test_split_model_prices_whole_expert_splits():
     """Fresh experts every step at B_P = B_H: two misses split evenly (the ideal), three cannot
-    (one side takes two experts: 2 expert-times against the ideal 1.5)."""
+    (one side takes two experts: 2 expert-times against the ideal 1.5). The first two tokens fill
+    the empty slots (fills there are always taken) and are not counted."""
     import numpy as np
     from engine.bench.split_model import Machine, price
     m = Machine(b_p=1e9, b_h=1e9, b_p_solo=1e9, b_h_solo=1e9, job_s=0.0, experts_s=0.0, expert_bytes=10**9)
     for k, ratio in [(2, 1.0), (3, 0.75)]:
         trace = np.arange(10 * k).reshape(10, 1, k)  # never a repeat: every route misses
-        r = price(trace, slots=4, experts=64, m=m, warm_tokens=0)
+        r = price(trace, slots=4, experts=64, m=m, warm_tokens=2)
         assert r["hit_rate"] == 0 and r["fetched"] + r["cpu"] == k
         assert r["ideal_s"] / r["split_s"] == ratio and r["ideal_s"] == k / 2
     assert price(np.arange(20).reshape(10, 2, 1), slots=128, experts=64, m=m, warm_tokens=0)["hit_rate"] == 1  # all fit: all loaded
