@@ -27,7 +27,7 @@ DEAD = tl.constexpr((1 << 62) + 1)          # key already taken or out of range
 @triton.jit(do_not_specialize=["S"])
 def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, route_ptr,
                  vic_ptr, fetch_ptr, counts_ptr, N, S, n_out, base, n_layers,
-                 x_ptr, w_ptr, xh_ptr, idsh_ptr, wh_ptr, nh_ptr, go_ptr, go, NX,
+                 x_ptr, w_ptr, xh_ptr, idsh_ptr, wh_ptr, nh_ptr, go_ptr, done_ptr, go, NX,
                  BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr,
                  STAGE: tl.constexpr, BLOCK_X: tl.constexpr):
     c = tl.load(clock_ptr) + 1                                   # this step's clock
@@ -109,15 +109,18 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     tl.store(counts_ptr + 4, tl.load(counts_ptr + 4) + n_miss)
     tl.store(counts_ptr + 5, tl.load(counts_ptr + 5) + f)
     tl.store(clock_ptr, c)
-    if STAGE:  # the CPU branch's inputs into mapped host memory, then its go flag
-        tl.store(idsh_ptr + ln, tl.where(hit | got | ~valid, -1, fid - base), mask=lane)
-        tl.store(wh_ptr + ln, tl.load(w_ptr + ln, mask=lane, other=0.0).to(tl.float32), mask=lane)
-        tl.store(nh_ptr, f.to(tl.int64))
-        for i0 in range(0, NX, BLOCK_X):
-            o = i0 + tl.arange(0, BLOCK_X)
-            tl.store(xh_ptr + o, tl.load(x_ptr + o, mask=o < NX).to(xh_ptr.dtype.element_ty), mask=o < NX)
-        tl.debug_barrier()                                       # every lane's writes before the flag
-        tl.atomic_xchg(go_ptr, go, sem="release", scope="sys")
+    if STAGE:
+        if n_miss > f:  # the CPU branch's inputs into mapped host memory, then its go flag
+            tl.store(idsh_ptr + ln, tl.where(hit | got | ~valid, -1, fid - base), mask=lane)
+            tl.store(wh_ptr + ln, tl.load(w_ptr + ln, mask=lane, other=0.0).to(tl.float32), mask=lane)
+            tl.store(nh_ptr, f.to(tl.int64))
+            for i0 in range(0, NX, BLOCK_X):
+                o = i0 + tl.arange(0, BLOCK_X)
+                tl.store(xh_ptr + o, tl.load(x_ptr + o, mask=o < NX).to(xh_ptr.dtype.element_ty), mask=o < NX)
+            tl.debug_barrier()                                   # every lane's writes before the flag
+            tl.atomic_xchg(go_ptr, go, sem="release", scope="sys")
+        else:  # no route for the CPU: its answer flag raised here, the poller left asleep
+            tl.atomic_xchg(done_ptr, go, sem="release", scope="sys")
 
 
 def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
@@ -129,21 +132,22 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     out_victims / out_fetch [>= min(T*K, S)] (F entries, then -1), out_counts [6] =
     (hits, misses, F) of this step, then the same three summed over steps (added to in place).
     Tables are updated in place exactly as ref.plan does. stage = (x [T, H], weights [T, K], x_h,
-    ids_h, w_h, n_h, go, value) also stages the CPU routes for the C++ poller, in the same
+    ids_h, w_h, n_h, go, done, value) also stages the CPU routes for the C++ poller, in the same
     launch: rows 0..T of x_h [Tmax, H] (its dtype) = x, ids_h [Tmax, K] = where(route < 0, ids,
     -1), w_h [Tmax, K] fp32 = weights, n_h [1] int64 = F; then go [1] int32 (mapped host
-    memory) = value, ordered after all of those writes."""
+    memory) = value, ordered after all of those writes. A step that leaves no route to the CPU
+    stages nothing and sets done [1] int32 (mapped) = value instead, the poller's answer."""
     N, S = ids.numel(), owner_of.numel()
     n_out = out_victims.numel()
     assert N <= 256 and S < 2 ** _IDX and out_fetch.numel() == n_out >= min(N, S)
     assert out_route.is_contiguous() and out_route.numel() == N and out_counts.numel() >= 6
     block_n = max(16, triton.next_power_of_2(N))
     block_s = block_s or min(triton.next_power_of_2(S), 4096)
-    x, w, x_h, ids_h, w_h, n_h, go, value = stage or (ids, ids, ids, ids, ids, ids, ids, 0)
+    x, w, x_h, ids_h, w_h, n_h, go, done, value = stage or (ids, ids, ids, ids, ids, ids, ids, ids, 0)
     assert stage is None or (x.is_contiguous() and w.is_contiguous() and w.numel() == N)
     _plan_kernel[(1,)](ids.contiguous(), slot_of, owner_of, last_use, seen, clock, q, out_route,
                        out_victims, out_fetch, out_counts, N, S, n_out, layer * n_experts,
-                       slot_of.numel() // n_experts, x, w, x_h, ids_h, w_h, n_h, go, value, x.numel(),
+                       slot_of.numel() // n_experts, x, w, x_h, ids_h, w_h, n_h, go, done, value, x.numel(),
                        STAGE=stage is not None, BLOCK_X=1024, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_O=triton.next_power_of_2(n_out),
                        num_warps=max(4 if block_n <= 64 else 8, min(16, block_s // 256)))
 

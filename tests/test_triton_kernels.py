@@ -622,30 +622,37 @@ def test_plan_prefill_sized_step():
 @pytest.mark.parametrize("T", [1, 3])
 def test_plan_stages_the_cpu_branch(T):
     """With stage, the plan launch also writes the CPU branch's inputs (stage_cpu_inputs) and
-    then its go flag (signal), from the routes it just planned."""
+    then its go flag (signal), from the routes it just planned; a step that leaves no route to
+    the CPU stages nothing and raises the answer flag (done) itself."""
     gen = torch.Generator().manual_seed(12)
     L, E, K, S, H, Tmax = 2, 8, 3, 5, 1100, 4
     dev = [t.to(DEV) for t in _tables(L, E, S)]
     clock, qt = torch.zeros(1, dtype=torch.int64, device=DEV), torch.tensor([0.5], dtype=torch.float64, device=DEV)
     host = dict(pin_memory=True) if CUDA else {}
     x_h, ids_h = torch.zeros(Tmax, H, **host), torch.full((Tmax, K), -5, dtype=torch.int64, **host)
-    w_h, n_h, go = torch.zeros(Tmax, K, **host), torch.zeros(1, dtype=torch.int64, **host), torch.zeros(1, dtype=torch.int32, **host)
+    w_h, n_h, flags = torch.zeros(Tmax, K, **host), torch.zeros(1, dtype=torch.int64, **host), torch.zeros(2, dtype=torch.int32, **host)
     out = [torch.empty(n, dtype=torch.int64, device=DEV) for n in (T * K, T * K, 6)]
-    cpu, gpu = [], []
-    for step in range(1, 6):
+    seen = set()
+    for step in range(1, 9):
         ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)]).to(DEV)
         x, w = torch.randn(T, H, generator=gen).to(DEV), torch.rand(T, K, generator=gen).to(DEV)
         route = torch.empty(T, K, dtype=torch.int64, device=DEV)
         ids[0, 0] = -1  # another rank's route: staged as -1 too
-        plan(ids, step % L, E, *dev, clock, qt, route, *out, stage=(x, w, x_h, ids_h, w_h, n_h, go, 100 + step))
+        before = ids_h.clone(), x_h.clone()
+        flags.zero_()
+        qt.fill_(1.0 if step % 3 == 0 else 0.5)  # every third step fetches every miss
+        plan(ids, step % L, E, *dev, clock, qt, route, *out, stage=(x, w, x_h, ids_h, w_h, n_h, flags[0:1], flags[1:2], 100 + step))
         if CUDA:
             torch.cuda.synchronize()
+        cpu = bool(((route < 0) & (ids >= 0)).any())
+        seen.add(cpu)
+        if not cpu:
+            assert flags.tolist() == [0, 100 + step] and torch.equal(ids_h, before[0]) and torch.equal(x_h, before[1])
+            continue
         assert torch.equal(ids_h[:T], torch.where(route < 0, ids, -1).cpu()) and (ids_h[T:] == -5).all()
         assert torch.equal(x_h[:T], x.cpu()) and torch.equal(w_h[:T], w.cpu()) and n_h.item() == out[2][2].item()
-        assert go.item() == 100 + step
-        cpu.append(bool((ids_h[:T] >= 0).any()))
-        gpu.append(bool((ids_h[:T] < 0).any()))
-    assert any(cpu) and any(gpu)                                 # both sides were staged
+        assert flags.tolist() == [100 + step, 0]
+    assert seen == {True, False}                                 # steps of both kinds
 
 
 @pytest.mark.parametrize("full", [False, True])
@@ -807,17 +814,23 @@ def test_merge_matches_torch(dtype):
     host = dict(pin_memory=True) if CUDA else {}
     out, out_h = torch.randn(T, H, generator=gen), torch.randn(Tmax, H, generator=gen)
     flags = torch.tensor([3, 7], dtype=torch.int32, **host)         # go, done
-    y = merge_routes(out.to(DEV), dtype, out_h.pin_memory() if CUDA else out_h, flags[1:2])
+    cpu = torch.tensor([2, 3, 1], device=DEV)                        # hits, misses, fills: the CPU ran
+    y = merge_routes(out.to(DEV), dtype, out_h.pin_memory() if CUDA else out_h, flags[1:2], cpu)
     if CUDA:
         torch.cuda.synchronize()
     assert y.dtype == dtype and torch.equal(y.cpu(), (out + out_h[:T]).to(dtype))
     assert flags.tolist() == [3, 0]                                 # the answer re-armed
     per_route = torch.randn(T, K, H, generator=gen)                  # summed over the routes here
-    y = merge_routes(per_route.to(DEV), torch.float32, out_h.pin_memory() if CUDA else out_h, flags[1:2])
+    y = merge_routes(per_route.to(DEV), torch.float32, out_h.pin_memory() if CUDA else out_h, flags[1:2], cpu)
     want = out_h[:T].clone()
     for k in range(K):
         want += per_route[:, k]
     torch.testing.assert_close(y.cpu(), want, rtol=1e-6, atol=1e-6)
+    flags[1] = 7                                                     # every miss filled: out_h not read
+    y = merge_routes(per_route.to(DEV), torch.float32, out_h.pin_memory() if CUDA else out_h, flags[1:2],
+                     torch.tensor([2, 3, 3], device=DEV))
+    torch.testing.assert_close(y.cpu(), want - out_h[:T], rtol=1e-5, atol=1e-5)
+    assert flags.tolist() == [3, 0]
     y = merge_routes(per_route.to(DEV), dtype)                      # no CPU branch: the routes alone
     want = per_route[:, 0].clone()
     for k in range(1, K):

@@ -5,7 +5,8 @@ q* is device data (one value per layer), changed between steps without recapture
 is signalled through flags in mapped pinned memory that a C++ poller answers: the plan launch
 stages the CPU routes' inputs and writes `go`; the fill's last program writes `fill`, against
 which the poller times the step's fills (B_P online in graph mode too); the stream waits for
-`done`, and the merge adds the CPU's partial sum to the routes computed here. On the CPU (tests)
+`done`, and the merge adds the CPU's partial sum to the routes computed here (a step that leaves
+no route to the CPU raises `done` in the plan launch and merges no host part). On the CPU (tests)
 the same steps run with the plain torch references, so the buffer logic is exercised without a
 GPU."""
 from __future__ import annotations
@@ -111,7 +112,7 @@ class DeviceControl:
         signals = may_cpu and self.cuda
         go = (layer + 1) | (T << 20)  # this step's value of the CPU branch's flags
         self._plan(ids, layer, route, n, (x.contiguous(), weights.contiguous(), self.x_h, self.ids_h, self.w_h,
-                                          self.nfill, self.flags[0:1], go) if signals else None)
+                                          self.nfill, self.flags[0:1], self.flags[1:2], go) if signals else None)
         self._fill(layer, n, (self.fill_count, self.flags[2:3], go) if signals else None)
         if self.cuda:  # the merge sums the routes (moe_experts_auto on CUDA) and adds the CPU's part
             from kernels.merge_triton import merge_routes
@@ -120,7 +121,7 @@ class DeviceControl:
                 return merge_routes(out, x.dtype)
             from kernels.cuda_memops import wait_value
             wait_value(self.done, go)
-            return merge_routes(out, x.dtype, self.out_h, self.flags[1:2])
+            return merge_routes(out, x.dtype, self.out_h, self.flags[1:2], self.counts)
         out = rt.run_cached(x, route, weights)
         if may_cpu:  # tests: the executor directly, same inputs
             out_h = torch.empty(x.shape, dtype=torch.float32)
