@@ -68,7 +68,7 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     tl.store(last_use + slot, LU_MAX, mask=hitf)
     tl.debug_barrier()                                           # before any lane's scan reads it
     cand = tl.where(ln < fs, INF, NEG).to(tl.int64)             # [BLOCK_N]; lanes >= fs inert
-    for s0 in range(0, tl.where(fs > 0, S, 0), BLOCK_S):      # nothing to fill: no scan
+    for s0 in range(0, tl.where(fs > 0, S, 0), BLOCK_S):      # nothing to fill or weigh: no scan
         offs = s0 + tl.arange(0, BLOCK_S)                        # [BLOCK_S] slots
         ms = offs < S
         lu = tl.minimum(tl.load(last_use + offs, mask=ms, other=0).to(tl.int64), LU_MAX)

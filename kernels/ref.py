@@ -206,12 +206,12 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     ids [T, K] expert ids of this layer (-1: a route computed elsewhere, e.g. by another rank,
     which stays -1 and is not counted); slot_of [L*E] (slot or -1), owner_of [S] (flat id or
     -1), last_use [S] and seen [L*E] (clock of last demand). Deduplicates the routed experts,
-    classifies hits and misses, fetches F = split_fetch(M, q, least) of the M misses (most recently
-    demanded first, then most routed tokens; least: 1 when a miss recurs, and as many as the least
-    recently used slots that are empty, fills that evict nothing) into the least recently used slots that no hit of
-    this step owns and that are not reserved (last_use at its maximum: prefill buffers), and
-    returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert ids [F] within the
-    layer, hits, misses). With cold, the fills enter as least recently used
+    classifies hits and misses, fetches F = split_fetch(M, q, least) of the M misses (most
+    recently demanded first, then most routed tokens; least: 1 when a miss recurs, and the number
+    of empty slots first in line, fills that evict nothing) into the least recently used slots
+    that no hit of this step owns and that are not reserved (last_use at its maximum: prefill
+    buffers), and returns (route slots [T, K] with -1 = CPU, fill slots [F], fill expert ids [F]
+    within the layer, hits, misses). With cold, the fills enter as least recently used
     (a long prefill scans through a few cold slots instead of evicting the decode working set).
     """
     mine = ids.reshape(-1) >= 0
@@ -225,12 +225,12 @@ def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,
     miss = miss[order]
     protect = last_use == torch.iinfo(last_use.dtype).max  # reserved (prefill buffers)
     protect[slots[hit]] = True
-    order = torch.argsort(last_use.masked_fill(protect, torch.iinfo(last_use.dtype).max), stable=True)
-    order = order[:int((~protect).sum())]
-    room = int(torch.cumprod(owner_of[order[:miss.numel()]] < 0, 0).sum())  # empty slots first in line
+    lru = torch.argsort(last_use.masked_fill(protect, torch.iinfo(last_use.dtype).max), stable=True)
+    lru = lru[:int((~protect).sum())]
+    room = int(torch.cumprod(owner_of[lru[:miss.numel()]] < 0, 0).sum())  # empty slots first in line
     recurring = any(recurs(int(t), clock, slot_of.numel() // n_experts) for t in seen[miss])
-    f = min(split_fetch(miss.numel(), q, max(room, int(recurring))), order.numel())
-    victims = order[:f]
+    f = min(split_fetch(miss.numel(), q, max(room, int(recurring))), lru.numel())
+    victims = lru[:f]
     fetch = miss[:f]
     old = owner_of[victims]
     slot_of[old[old >= 0]] = -1
