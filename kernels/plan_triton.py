@@ -22,6 +22,26 @@ INF, NEG = tl.constexpr(1 << 62), tl.constexpr(-(1 << 62))   # empty / inert can
 DEAD = tl.constexpr((1 << 62) + 1)          # key already taken or out of range
 
 
+@triton.jit
+def _smallest(last_use, S, n, ln, BLOCK_S: tl.constexpr):
+    """In lanes ln < n, the n smallest keys (last_use, slot) over S slots, in one pass over blocks
+    of S that keeps them in registers (min-extraction of the few keys below the running threshold);
+    the other lanes hold NEG (inert)."""
+    cand = tl.where(ln < n, INF, NEG).to(tl.int64)
+    for s0 in range(0, tl.where(n > 0, S, 0), BLOCK_S):        # none wanted: no scan
+        offs = s0 + tl.arange(0, BLOCK_S)                        # [BLOCK_S] slots
+        ms = offs < S
+        lu = tl.minimum(tl.load(last_use + offs, mask=ms, other=0).to(tl.int64), LU_MAX)
+        key = tl.where(ms, ((lu + 1) << IDX) + offs, DEAD)
+        n_take = tl.minimum(tl.sum((key < tl.max(cand, axis=0)).to(tl.int32), axis=0), n)
+        for _ in range(0, n_take):                               # keys below the threshold
+            mk = tl.min(key, axis=0)
+            pos = tl.where(mk < tl.max(cand, axis=0), tl.argmax(cand, axis=0), -1)
+            cand = tl.where(ln == pos, mk, cand)
+            key = tl.where(key == mk, DEAD, key)
+    return cand
+
+
 # S (the cache's slots) is not specialized: an elastic resize to a count that is not a multiple of
 # 16 would otherwise compile a second variant inside the re-capture (4.3 s measured on the H200)
 @triton.jit(do_not_specialize=["S"])
@@ -62,23 +82,18 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     f = tl.where(qv >= 1.0, n_miss, tl.where(qv <= 0.0, 0, f))
     split = (qv > 0.0) & (qv < 1.0)
     recurring = tl.sum((missf & (sn >= 0) & (sn >= c - n_layers)).to(tl.int32), axis=0) > 0
-    fs = tl.minimum(tl.where(split, n_miss, f), S - n_hit)      # candidates scanned
     f = tl.minimum(tl.where(split & recurring, tl.maximum(f, 1), f), S - n_hit)
-    # candidates: the fs smallest keys (last_use, slot); the hits are protected by last_use at the clamp
+    # candidates: the fs smallest keys (last_use, slot); the hits are protected by last_use at the clamp;
+    # with a split, at least the first in line, to see whether it is empty
+    fs = tl.minimum(tl.where(split & (n_miss > 0), tl.maximum(f, 1), f), S - n_hit)
     tl.store(last_use + slot, LU_MAX, mask=hitf)
     tl.debug_barrier()                                           # before any lane's scan reads it
-    cand = tl.where(ln < fs, INF, NEG).to(tl.int64)             # [BLOCK_N]; lanes >= fs inert
-    for s0 in range(0, tl.where(fs > 0, S, 0), BLOCK_S):      # nothing to fill or weigh: no scan
-        offs = s0 + tl.arange(0, BLOCK_S)                        # [BLOCK_S] slots
-        ms = offs < S
-        lu = tl.minimum(tl.load(last_use + offs, mask=ms, other=0).to(tl.int64), LU_MAX)
-        key = tl.where(ms, ((lu + 1) << IDX) + offs, DEAD)
-        n_take = tl.minimum(tl.sum((key < tl.max(cand, axis=0)).to(tl.int32), axis=0), fs)
-        for _ in range(0, n_take):                               # keys below the threshold
-            mk = tl.min(key, axis=0)
-            pos = tl.where(mk < tl.max(cand, axis=0), tl.argmax(cand, axis=0), -1)
-            cand = tl.where(ln == pos, mk, cand)
-            key = tl.where(key == mk, DEAD, key)
+    cand = _smallest(last_use, S, fs, ln, BLOCK_S)
+    first_in_line = tl.min(tl.where(ln < fs, cand, INF), axis=0) & IDX_MASK
+    if (fs > 0) & (fs < tl.minimum(n_miss, S - n_hit)):
+        if tl.load(owner_of + first_in_line) < 0:               # empty (the cache filling): a candidate a miss
+            fs = tl.minimum(n_miss, S - n_hit)
+            cand = _smallest(last_use, S, fs, ln, BLOCK_S)
     scanned = ln < fs
     crank = tl.sum(((cand[None, :] < cand[:, None]) & scanned[None, :]).to(tl.int32), axis=1)
     # as many fills as the empty slots first in line take at least (they evict nothing)
