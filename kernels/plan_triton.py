@@ -125,7 +125,8 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
     tl.store(counts_ptr + 5, tl.load(counts_ptr + 5) + f)
     tl.store(clock_ptr, c)
     if STAGE:
-        if n_miss > f:  # the CPU branch's inputs into mapped host memory, then its go flag
+        if n_miss > f:  # the CPU branch's inputs into mapped host memory, its answer cleared, then its go flag
+            tl.store(done_ptr, 0)
             tl.store(idsh_ptr + ln, tl.where(hit | got | ~valid, -1, fid - base), mask=lane)
             tl.store(wh_ptr + ln, tl.load(w_ptr + ln, mask=lane, other=0.0).to(tl.float32), mask=lane)
             tl.store(nh_ptr, f.to(tl.int64))
@@ -134,8 +135,6 @@ def _plan_kernel(ids_ptr, slot_of, owner_of, last_use, seen, clock_ptr, q_ptr, r
                 tl.store(xh_ptr + o, tl.load(x_ptr + o, mask=o < NX).to(xh_ptr.dtype.element_ty), mask=o < NX)
             tl.debug_barrier()                                   # every lane's writes before the flag
             tl.atomic_xchg(go_ptr, go, sem="release", scope="sys")
-        else:  # no route for the CPU: its answer flag raised here, the poller left asleep
-            tl.atomic_xchg(done_ptr, go, sem="release", scope="sys")
 
 
 def plan(ids: torch.Tensor, layer: int, n_experts: int, slot_of: torch.Tensor,

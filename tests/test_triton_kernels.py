@@ -622,8 +622,8 @@ def test_plan_prefill_sized_step():
 @pytest.mark.parametrize("T", [1, 3])
 def test_plan_stages_the_cpu_branch(T):
     """With stage, the plan launch also writes the CPU branch's inputs (stage_cpu_inputs) and
-    then its go flag (signal), from the routes it just planned; a step that leaves no route to
-    the CPU stages nothing and raises the answer flag (done) itself."""
+    then, its answer flag (done) cleared, its go flag (signal), from the routes it just planned; a
+    step that leaves no route to the CPU stages and signals nothing."""
     gen = torch.Generator().manual_seed(12)
     L, E, K, S, H, Tmax = 2, 8, 3, 5, 1100, 4
     dev = [t.to(DEV) for t in _tables(L, E, S)]
@@ -639,7 +639,7 @@ def test_plan_stages_the_cpu_branch(T):
         route = torch.empty(T, K, dtype=torch.int64, device=DEV)
         ids[0, 0] = -1  # another rank's route: staged as -1 too
         before = ids_h.clone(), x_h.clone()
-        flags.zero_()
+        flags.fill_(7)
         qt.fill_(1.0 if step % 3 == 0 else 0.5)  # every third step fetches every miss
         plan(ids, step % L, E, *dev, clock, qt, route, *out, stage=(x, w, x_h, ids_h, w_h, n_h, flags[0:1], flags[1:2], 100 + step))
         if CUDA:
@@ -647,7 +647,7 @@ def test_plan_stages_the_cpu_branch(T):
         cpu = bool(((route < 0) & (ids >= 0)).any())
         seen.add(cpu)
         if not cpu:
-            assert flags.tolist() == [0, 100 + step] and torch.equal(ids_h, before[0]) and torch.equal(x_h, before[1])
+            assert flags.tolist() == [7, 7] and torch.equal(ids_h, before[0]) and torch.equal(x_h, before[1])
             continue
         assert torch.equal(ids_h[:T], torch.where(route < 0, ids, -1).cpu()) and (ids_h[T:] == -5).all()
         assert torch.equal(x_h[:T], x.cpu()) and torch.equal(w_h[:T], w.cpu()) and n_h.item() == out[2][2].item()
@@ -805,32 +805,32 @@ def test_centered_and_gated_norm_kernels_match_reference(dtype):
 # ---------------------------------------------------------------- CPU-branch merge
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_merge_matches_torch(dtype):
-    """The host partial sum merged back (and the routes summed), against plain torch; the
-    answer flag is re-armed. Without the host part: the routes summed in order and cast."""
+    """The host partial sum merged back once the answer flag holds the step's value (and the
+    routes summed), against plain torch; not read in a step that left no route to the CPU.
+    Without the host part: the routes summed in order and cast."""
     _need(dtype)
     from kernels.merge_triton import merge_routes
     gen = torch.Generator().manual_seed(3)
     T, K, H, Tmax = 3, 6, 1100, 4                                  # H not a multiple of the block
     host = dict(pin_memory=True) if CUDA else {}
     out, out_h = torch.randn(T, H, generator=gen), torch.randn(Tmax, H, generator=gen)
-    flags = torch.tensor([3, 7], dtype=torch.int32, **host)         # go, done
+    flags = torch.tensor([0, 7], dtype=torch.int32, **host)         # go, done: the poller answered 7
     cpu = torch.tensor([2, 3, 1], device=DEV)                        # hits, misses, fills: the CPU ran
-    y = merge_routes(out.to(DEV), dtype, out_h.pin_memory() if CUDA else out_h, flags[1:2], cpu)
+    y = merge_routes(out.to(DEV), dtype, out_h.pin_memory() if CUDA else out_h, flags[1:2], cpu, 7)
     if CUDA:
         torch.cuda.synchronize()
     assert y.dtype == dtype and torch.equal(y.cpu(), (out + out_h[:T]).to(dtype))
-    assert flags.tolist() == [3, 0]                                 # the answer re-armed
     per_route = torch.randn(T, K, H, generator=gen)                  # summed over the routes here
-    y = merge_routes(per_route.to(DEV), torch.float32, out_h.pin_memory() if CUDA else out_h, flags[1:2], cpu)
+    y = merge_routes(per_route.to(DEV), torch.float32, out_h.pin_memory() if CUDA else out_h, flags[1:2], cpu, 7)
     want = out_h[:T].clone()
     for k in range(K):
         want += per_route[:, k]
     torch.testing.assert_close(y.cpu(), want, rtol=1e-6, atol=1e-6)
-    flags[1] = 7                                                     # every miss filled: out_h not read
+    flags[1] = 0                                                     # every miss filled: no wait, out_h not read
     y = merge_routes(per_route.to(DEV), torch.float32, out_h.pin_memory() if CUDA else out_h, flags[1:2],
-                     torch.tensor([2, 3, 3], device=DEV))
+                     torch.tensor([2, 3, 3], device=DEV), 7)
     torch.testing.assert_close(y.cpu(), want - out_h[:T], rtol=1e-5, atol=1e-5)
-    assert flags.tolist() == [3, 0]
+    assert flags.tolist() == [0, 0]
     y = merge_routes(per_route.to(DEV), dtype)                      # no CPU branch: the routes alone
     want = per_route[:, 0].clone()
     for k in range(1, K):

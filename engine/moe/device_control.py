@@ -4,9 +4,9 @@ CPU branch -> merge with no host sync, so the whole decode step can be captured 
 q* is device data (one value per layer), changed between steps without recapture. The CPU branch
 is signalled through flags in mapped pinned memory that a C++ poller answers: the plan launch
 stages the CPU routes' inputs and writes `go`; the fill's last program writes `fill`, against
-which the poller times the step's fills (B_P online in graph mode too); the stream waits for
-`done`, and the merge adds the CPU's partial sum to the routes computed here (a step that leaves
-no route to the CPU raises `done` in the plan launch and merges no host part). On the CPU (tests)
+which the poller times the step's fills (B_P online in graph mode too); the merge kernel waits
+for `done` and adds the CPU's partial sum to the routes computed here (a step that leaves no
+route to the CPU signals nothing and merges no host part). On the CPU (tests)
 the same steps run with the plain torch references, so the buffer logic is exercised without a
 GPU."""
 from __future__ import annotations
@@ -39,7 +39,6 @@ class DeviceControl:
 
     def _start_poller(self, max_tokens: int, top_k: int) -> None:
         from engine.errors import UserError
-        from kernels.cuda_memops import device_ptr
         rt, H = self.rt, self.rt.store.views[0]["down"].shape[1]
         if rt.cpu.backend == "torch":
             raise UserError("CUDA-graph decode with CPU experts needs the C++ CPU executor, which could not be "
@@ -51,7 +50,6 @@ class DeviceControl:
         self.ids_h = torch.full((max_tokens, top_k), -1, dtype=torch.int64, **pin)
         self.w_h = torch.zeros(max_tokens, top_k, dtype=torch.float32, **pin)
         self.out_h = torch.zeros(max_tokens, H, dtype=torch.float32, **pin)
-        self.done = device_ptr(self.flags) + 4                                    # waited for by the stream
         self.fill_count = torch.zeros(1, dtype=torch.int32, device=self.dev)      # programs of a fill done
         self.poller = rt.cpu.poller(self.flags, self.nfill, self.x_h, self.ids_h, self.w_h, self.out_h,
                                     [v["gate_up"] for v in rt.store.views], [v["down"] for v in rt.store.views],
@@ -119,9 +117,7 @@ class DeviceControl:
             out = rt.run_cached(x, route, weights, reduce=False)
             if not signals:
                 return merge_routes(out, x.dtype)
-            from kernels.cuda_memops import wait_value
-            wait_value(self.done, go)
-            return merge_routes(out, x.dtype, self.out_h, self.flags[1:2], self.counts)
+            return merge_routes(out, x.dtype, self.out_h, self.flags[1:2], self.counts, go)
         out = rt.run_cached(x, route, weights)
         if may_cpu:  # tests: the executor directly, same inputs
             out_h = torch.empty(x.shape, dtype=torch.float32)

@@ -799,7 +799,7 @@ void ftmoe_free(void* job) { release(static_cast<Job*>(job)); }  // only once ft
 // In-graph CPU branch. A thread polls `go` in mapped pinned memory: the GPU stream, after
 // staging x, ids, weights and the layer step's fill count, writes go = (layer + 1) | (T << 20);
 // the thread clears go, runs that layer's CPU routes on the pool into `out`, then answers
-// done = go, which the stream waits for. A failure still answers (with zeros) so the GPU never
+// done = go, which the merge kernel waits for. A failure still answers (with zeros) so the GPU never
 // hangs; Python reads the error. The stream also writes fill = go once the step's expert fills
 // have landed (before it waits for done); the thread timestamps that against go, so the fills
 // inside a graph are timed too (B_P online), and clears it.
