@@ -11,6 +11,7 @@ from triton.experimental.gluon import language as gl
 from kernels import moe_triton as m
 from kernels.quant import quantize
 
+
 def tile_asm(n):  # n tiles; operands: $0 $1 outputs (gate, up sums); words $2..; x regs after
     lines = ["{", ".reg .b32 a0, a1, a2, a3, s;", ".reg .f32 d0, d1, d2, d3;",
              "mov.f32 d0, 0f00000000;", "mov.f32 d1, 0f00000000;", "mov.f32 d2, 0f00000000;", "mov.f32 d3, 0f00000000;"]
@@ -44,7 +45,30 @@ def _split8(v):  # [A, B, 8] -> 8 x [A, B]
 
 
 @gluon.jit
-def _gate_up_mma(q_ptr, sq_s, s_ptr, z_ptr, sz_s, sz_r, slot_ptr, xf_ptr, sx_ptr, h_ptr, H, I,
+def _group(qb, xf_ptr, sx_ptr, s_ptr, z_ptr, sz_s, sz_r, slot, row_g, I, warp, lane, j8, warp16, lane16, j16, gi,
+           H: gl.constexpr, NW: gl.constexpr, GW: gl.constexpr, S8: gl.constexpr, L16: gl.constexpr,
+           asm: gl.constexpr, cons: gl.constexpr):
+    """One group of 128 columns a warp: 8 tiles' MMAs, then the zero point and the scale -> (gate, up) parts."""
+    grp = warp * GW + gi                                          # [NW, 1]
+    w = gl.load(qb + ((warp[:, :, None] * GW + gi) * 32 + lane[:, :, None]) * 8 + j8)   # [NW, 32, 8] int32
+    xv = gl.load(xf_ptr + (lane16 % 4) * (H // 8) + (warp16 * GW + gi) * 16 + j16)       # [NW, 32, 16] int32
+    w0, w1, w2, w3, w4, w5, w6, w7 = _split8(w)
+    xa, xb = gl.split(gl.reshape(xv, [NW, 32, 8, 2]))
+    x0, x1, x2, x3, x4, x5, x6, x7 = _split8(xa)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _split8(xb)
+    xs = [gl.convert_layout(t, S8) for t in (x0, y0, x1, y1, x2, y2, x3, y3, x4, y4, x5, y5, x6, y6, x7, y7)]
+    ws = [gl.convert_layout(t, S8) for t in (w0, w1, w2, w3, w4, w5, w6, w7)]
+    dg, du = gl.inline_asm_elementwise(asm, cons, ws + xs, dtype=(gl.float32, gl.float32), is_pure=True, pack=1)
+    sx = gl.load(sx_ptr + grp)
+    zg = gl.load(z_ptr + slot * sz_s + row_g * sz_r + grp).to(gl.float32)
+    zu = gl.load(z_ptr + slot * sz_s + (I + row_g) * sz_r + grp).to(gl.float32)
+    sg = gl.load(s_ptr + slot * sz_s + row_g * sz_r + grp).to(gl.float32)
+    su = gl.load(s_ptr + slot * sz_s + (I + row_g) * sz_r + grp).to(gl.float32)
+    return sg * (dg - (128.0 + zg) * sx), su * (du - (128.0 + zu) * sx)
+
+
+@gluon.jit
+def _gate_up_mma(q_ptr, sq_s, s_ptr, z_ptr, sz_s, sz_r, slot_ptr, xf_ptr, sx_ptr, h_ptr, I, H: gl.constexpr,
                  NW: gl.constexpr, asm: gl.constexpr, cons: gl.constexpr):
     r, rb = gl.program_id(0), gl.program_id(1)                  # route, block of 8 intermediate rows
     L8: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
@@ -53,38 +77,21 @@ def _gate_up_mma(q_ptr, sq_s, s_ptr, z_ptr, sz_s, sz_r, slot_ptr, xf_ptr, sx_ptr
     slot = gl.load(slot_ptr + r).to(gl.int64)
     warp = gl.arange(0, NW, layout=gl.SliceLayout(1, S8))[:, None]          # [NW, 1]
     lane = gl.arange(0, 32, layout=gl.SliceLayout(0, S8))[None, :]          # [1, 32]
-    g, tig = lane // 4, lane % 4
     j8 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L8)))[None, None, :]
     warp16 = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L16)))[:, None, None]
     lane16 = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, L16)))[None, :, None]
     j16 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, L16)))[None, None, :]
-    NG = H // 128                                                 # groups of a row
-    GW = NG // NW                                                 # groups a warp
+    NG: gl.constexpr = H // 128                                   # groups of a row
+    GW: gl.constexpr = NG // NW                                   # groups a warp
     qb = q_ptr + slot * sq_s + rb * (NG * 32 * 8)
-    row_g = rb * 8 + g                                            # gate row; up row I + row_g
+    row_g = rb * 8 + lane // 4                                    # gate row; up row I + row_g
     acc_g = gl.zeros([NW, 32], gl.float32, S8)
     acc_u = gl.zeros([NW, 32], gl.float32, S8)
-    for gi in range(GW):
-        grp = warp * GW + gi                                      # [NW, 1]
-        grp3 = warp[:, :, None] * GW + gi
-        w = gl.load(qb + (grp3 * 32 + lane[:, :, None]) * 8 + j8)                       # [NW, 32, 8] int32
-        xv = gl.load(xf_ptr + (lane16 % 4) * (H // 8) + (warp16 * GW + gi) * 16 + j16)   # [NW, 32, 16] int32
-        xv = gl.convert_layout(xv, L16)
-        w0, w1, w2, w3, w4, w5, w6, w7 = _split8(w)
-        xa, xb = gl.split(gl.reshape(xv, [NW, 32, 8, 2]))
-        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(xa)
-        y0, y1, y2, y3, y4, y5, y6, y7 = _split8(xb)
-        xs = [gl.convert_layout(t, S8) for t in (x0, y0, x1, y1, x2, y2, x3, y3, x4, y4, x5, y5, x6, y6, x7, y7)]
-        ws = [gl.convert_layout(t, S8) for t in (w0, w1, w2, w3, w4, w5, w6, w7)]
-        dg, du = gl.inline_asm_elementwise(asm, cons, ws + xs,
-                                           dtype=(gl.float32, gl.float32), is_pure=True, pack=1)
-        sx = gl.load(sx_ptr + grp)
-        zg = gl.load(z_ptr + slot * sz_s + row_g * sz_r + grp).to(gl.float32)
-        zu = gl.load(z_ptr + slot * sz_s + (I + row_g) * sz_r + grp).to(gl.float32)
-        sg = gl.load(s_ptr + slot * sz_s + row_g * sz_r + grp).to(gl.float32)
-        su = gl.load(s_ptr + slot * sz_s + (I + row_g) * sz_r + grp).to(gl.float32)
-        acc_g += sg * (dg - (128.0 + zg) * sx)
-        acc_u += su * (du - (128.0 + zu) * sx)
+    for gi in range(GW):      # GW known at compile time: unrolled, every group's loads issued before the first MMA
+        pg, pu = _group(qb, xf_ptr, sx_ptr, s_ptr, z_ptr, sz_s, sz_r, slot, row_g, I, warp, lane, j8, warp16,
+                        lane16, j16, gi, H, NW, GW, S8, L16, asm, cons)
+        acc_g += pg
+        acc_u += pu
     gs = gl.sum(acc_g, axis=0)                                    # [32]
     us = gl.sum(acc_u, axis=0)
     hv = gs / (1.0 + gl.exp(-gs)) * us
@@ -156,7 +163,7 @@ def main():
     H, I, S, K, calls, G = 2048, 768, 256, 8, 16, 128
     torch.manual_seed(0)
     w = torch.randn(2 * I, H, device="cuda") * 0.02
-    q, s, z, block = quantize("int4", w, G, symmetric=False)                         # codes packed two a byte, s fp16, z uint8
+    q, s, z, block = quantize("int4", w, G, symmetric=False)  # codes two a byte, s fp16, z uint8
     codes = torch.stack([q & 15, q >> 4], -1).view(2 * I, H).cpu()  # low nibble first (kernels.quant's order)
     words = shuffle(codes[None]).to("cuda")                          # [1, I/8, H/128, 32, 8]
     qs = words.reshape(1, -1).repeat(S, 1).contiguous()
@@ -173,7 +180,7 @@ def main():
     h = torch.empty(K, I, device="cuda")
     for nw in nws:
         def run(i):
-            _gate_up_mma[(K, I // 8)](qs, qs.stride(0), ss, zs, zs.stride(0), zs.stride(1), sets[i], xf, sx, h, H, I,
+            _gate_up_mma[(K, I // 8)](qs, qs.stride(0), ss, zs, zs.stride(0), zs.stride(1), sets[i], xf, sx, h, I, H=H,
                                      NW=nw, asm=ASM8, cons=CONS8, num_warps=nw)
         try:
             run(0); torch.cuda.synchronize()
