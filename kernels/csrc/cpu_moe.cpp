@@ -801,7 +801,7 @@ void ftmoe_free(void* job) { release(static_cast<Job*>(job)); }  // only once ft
 // the thread clears go, runs that layer's CPU routes on the pool into `out`, then answers
 // done = go, which the merge kernel waits for. A failure still answers (with zeros) so the GPU never
 // hangs; Python reads the error. The stream also writes fill = go once the step's expert fills
-// have landed (before it waits for done); the thread timestamps that against go, so the fills
+// have landed (before the merge waits for done); the thread timestamps that against go, so the fills
 // inside a graph are timed too (B_P online), and clears it.
 constexpr std::chrono::milliseconds kPollerSpin{10};  // spin for the next go this long after the last
 
