@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# g16 (prepared, not run; issue 20, a probe): the int4 gate_up GEMV on mma.sync from registers with shuffled codes (mma4.py) against the
-# tree's gate_up kernel. run(command="bash benchmarks/results/2026-12-03-h200-v/next/g16.sh $OUT")
+# g16 (prepared, not run; issue 20, a probe): the int4 gate_up and down GEMVs on mma.sync from registers with shuffled codes (mma4.py) against the
+# tree's kernels. run(command="bash benchmarks/results/2026-12-03-h200-v/next/g16.sh $OUT")
 set -u
 out=$1; d=$(dirname $0)
 export PYTHONUNBUFFERED=1
