@@ -138,11 +138,11 @@ class Bench:
                 stream.synchronize()
         return i * self.layout.slot_bytes / (time.perf_counter() - t0) / GB
 
-    def cpu_experts(self, seconds: float, stop: threading.Event | None = None) -> float:
-        """Batch-1 steps of 8 distinct experts cycling through the bank; GB/s of expert bytes
+    def cpu_experts(self, seconds: float, stop: threading.Event | None = None, k: int = 8) -> float:
+        """Batch-1 steps of k distinct experts cycling through the bank; GB/s of expert bytes
         over the executor's own time, submit to retire (the engine drives it from C++, so the
         Python loop's own time between steps is not counted)."""
-        n, i, k, busy = self.bank.shape[0], 0, 8, 0.0
+        n, i, busy = self.bank.shape[0], 0, 0.0
         w = torch.full((1, k), 1.0 / k)
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):

@@ -1,13 +1,14 @@
 """Where the host's cores go, for the CPU expert threads. `Census`: CPU time of this process's
 threads by name between two readings (the executor's are ft-cpu-worker and ft-cpu-poller; the
 thread that runs Python is "main"); `bench decode` puts one in each row. Run as a module, a probe
-of B_H (GB/s of expert bytes, batch 1, 8 distinct experts a step, Qwen3-30B-A3B's expert shape)
-per thread count, with 0, 1 or 2 processes spinning beside it (what the engine's host threads do
+of B_H (GB/s of expert bytes, batch 1, k distinct experts a step (8 by default; adaptive decode
+leaves the CPU one or two), Qwen3-30B-A3B's expert shape, bf16 or a quantized format) per thread count, with 0, 1 or 2 processes spinning beside it (what the engine's host threads do
 at their busiest), along two paths: jobs submitted and waited for (the executor alone, as the
 profile measures it), and the CUDA-graph CPU branch's protocol driven by a spinning thread (the
 poller computing with the workers). One JSON row per measurement:
 
     python -m engine.bench.threads [--threads 1,2,4,8,16] [--spinners 0,1,2] [--reserve N]
+                                   [--format int4] [--experts 1,2,8]
 
 `--reserve 0` lifts the cap on workers (kernels.cpu_executor.HOST_THREADS) to show what
 happens without it."""
@@ -53,27 +54,27 @@ class Census:
         return {n: round(v * scale, 2) for n, v in sorted(busy.items()) if v * scale >= self.least}
 
 
-def poller_gbps(bench, seconds: float) -> float:
-    """GB/s of expert bytes through the CPU-graph branch's protocol: stage 8 experts, write go,
+def poller_gbps(bench, seconds: float, k: int = 8) -> float:
+    """GB/s of expert bytes through the CPU-graph branch's protocol: stage k experts, write go,
     spin until done (the host thread as CUDA's default synchronisation keeps it busy)."""
     gu, down, H = bench.views["gate_up"], bench.views["down"], bench.views["down"].shape[1]
     act = bench.cpu.act_dtype(gu)
     flags, nfill = torch.zeros(3, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
-    x, ids, w, out = (torch.zeros(1, H, dtype=act), torch.zeros(1, 8, dtype=torch.int64),
-                      torch.full((1, 8), 1 / 8), torch.zeros(1, H))
+    x, ids, w, out = (torch.zeros(1, H, dtype=act), torch.zeros(1, k, dtype=torch.int64),
+                      torch.full((1, k), 1 / k), torch.zeros(1, H))
     x.copy_(bench.x)
     poller = bench.cpu.poller(flags, nfill, x, ids, w, out, [gu], [down], model_dtype=bench.x.dtype)
     n, i, t0 = gu.shape[0], 0, time.perf_counter()
     try:
         while time.perf_counter() - t0 < seconds:
-            ids[0] = (torch.arange(8) + i) % n
+            ids[0] = (torch.arange(k) + i) % n
             v = 1 | (1 << 20)
             flags[2] = v  # no fills in this step: their flag is up from the start
             flags[0] = v
             while int(flags[1]) != v:
                 pass
             flags[1] = 0
-            i += 8
+            i += k
         poller.stats()  # raises if a job failed
     finally:
         poller.close()
@@ -81,9 +82,9 @@ def poller_gbps(bench, seconds: float) -> float:
 
 
 def main() -> None:
-    from engine.profile import EXPERT, Bench, busy_host_threads, llc_bytes
-    from engine.moe.layout import SlotLayout
+    from engine.profile import Bench, busy_host_threads, expert_rows, llc_bytes
     from kernels import cpu_executor
+    from kernels.quant import FORMATS
     cores = cpu_executor._cores()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default=",".join(map(str, sorted(
@@ -93,18 +94,22 @@ def main() -> None:
     ap.add_argument("--reserve", type=int, default=cpu_executor.HOST_THREADS,
                     help="cores kept from the workers for the host threads (0: no cap)")
     ap.add_argument("--seconds", type=float, default=1.0, help="per measurement")
+    ap.add_argument("--format", default="bfloat16", choices=["bfloat16", *FORMATS], help="the experts' weight format")
+    ap.add_argument("--experts", default="8", help="comma list: distinct experts a step")
     a = ap.parse_args()
     cpu_executor.HOST_THREADS = a.reserve
-    slot = SlotLayout.for_experts(*EXPERT, torch.bfloat16).slot_bytes
-    bench = Bench(max(96, -(-3 * llc_bytes() // slot)), cuda=False)
+    slot = expert_rows(1, a.format)[0].slot_bytes
+    bench = Bench(max(96, -(-3 * llc_bytes() // slot)), cuda=False, fmt=a.format)
     for spinners in map(int, a.spinners.split(",")):
         with busy_host_threads(spinners):
             for n in map(int, a.threads.split(",")):
                 bench.use_threads(n)
-                for path, measure in (("executor", bench.cpu_experts), ("poller", lambda s: poller_gbps(bench, s))):
-                    print(json.dumps({"path": path, "spinners": spinners, "threads": n, "pool_threads": bench.cpu.threads,
-                                      "cores": cores, "reserve": a.reserve, "gbps": round(measure(a.seconds), 2)}),
-                          flush=True)
+                for k in map(int, a.experts.split(",")):
+                    for path, measure in (("executor", lambda s: bench.cpu_experts(s, k=k)),
+                                          ("poller", lambda s: poller_gbps(bench, s, k))):
+                        print(json.dumps({"path": path, "format": a.format, "experts": k, "spinners": spinners,
+                                          "threads": n, "pool_threads": bench.cpu.threads, "cores": cores,
+                                          "reserve": a.reserve, "gbps": round(measure(a.seconds), 2)}), flush=True)
     bench.cpu.close()
 
 
