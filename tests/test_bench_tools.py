@@ -181,3 +181,22 @@ def test_synthetic_model_reports_its_progress():
     total = runner.runtime.store.nbytes
     assert len(calls) == len(runner.runtime.store.banks) and calls[-1] == ("experts", total, total)
     assert all(a[1] < b[1] for a, b in zip(calls, calls[1:]))
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int4"])
+def test_threads_bench_times_small_jobs_on_both_paths(fmt):
+    """engine.bench.threads' two paths, the executor alone and the poller's protocol, run jobs of
+    k experts of a format (the one or two that adaptive decode leaves the CPU): both time them."""
+    from engine.bench.threads import poller_gbps
+    from engine.profile import Bench
+    from kernels.cpu_executor import cpu_executor_available
+    if not cpu_executor_available():
+        pytest.skip("needs the C++ CPU executor")
+    bench = Bench(4, cuda=False, fmt=fmt)
+    bench.use_threads(1)
+    try:
+        for k in (1, 2):
+            assert 0 < bench.cpu_experts(0.05, k=k) < 1e4
+            assert 0 < poller_gbps(bench, 0.05, k) < 1e4
+    finally:
+        bench.cpu.close()

@@ -2,8 +2,9 @@
 threads by name between two readings (the executor's are ft-cpu-worker and ft-cpu-poller; the
 thread that runs Python is "main"); `bench decode` puts one in each row. Run as a module, a probe
 of B_H (GB/s of expert bytes, batch 1, k distinct experts a step (8 by default; adaptive decode
-leaves the CPU one or two), Qwen3-30B-A3B's expert shape, bf16 or a quantized format) per thread count, with 0, 1 or 2 processes spinning beside it (what the engine's host threads do
-at their busiest), along two paths: jobs submitted and waited for (the executor alone, as the
+leaves the CPU one or two), Qwen3-30B-A3B's expert shape, bf16 or a quantized format) per thread
+count, with 0, 1 or 2 processes spinning beside it (what the engine's host threads do at their
+busiest), along two paths: jobs submitted and waited for (the executor alone, as the
 profile measures it), and the CUDA-graph CPU branch's protocol driven by a spinning thread (the
 poller computing with the workers). One JSON row per measurement:
 
@@ -82,7 +83,7 @@ def poller_gbps(bench, seconds: float, k: int = 8) -> float:
 
 
 def main() -> None:
-    from engine.profile import Bench, busy_host_threads, expert_rows, llc_bytes
+    from engine.profile import Bench, busy_host_threads, llc_bytes
     from kernels import cpu_executor
     from kernels.quant import FORMATS
     cores = cpu_executor._cores()
@@ -98,7 +99,7 @@ def main() -> None:
     ap.add_argument("--experts", default="8", help="comma list: distinct experts a step")
     a = ap.parse_args()
     cpu_executor.HOST_THREADS = a.reserve
-    slot = expert_rows(1, a.format)[0].slot_bytes
+    slot = cpu_executor.expert_bytes("bf16" if a.format == "bfloat16" else a.format)
     bench = Bench(max(96, -(-3 * llc_bytes() // slot)), cuda=False, fmt=a.format)
     for spinners in map(int, a.spinners.split(",")):
         with busy_host_threads(spinners):
