@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# g16 (prepared, not run; issue 20, a probe): the int4 gate_up and down GEMVs on mma.sync from registers with shuffled codes (mma4.py) against the
-# tree's kernels. run(command="bash benchmarks/results/2026-12-03-h200-v/next/g16.sh $OUT")
+# g16 (issue 20, a probe; prepared in the thirty-eighth run, run in the thirty-ninth): the int4 gate_up and down GEMVs on mma.sync from registers with shuffled codes (mma4.py) against the
+# tree's kernels. run(command="bash benchmarks/results/2026-12-03-h200-vi/g16/g16.sh $OUT")
 set -u
 out=$1; d=$(dirname $0)
 export PYTHONUNBUFFERED=1

@@ -1,7 +1,7 @@
-"""Emulate mma4's kernels lane by lane on the CPU (PYTHONPATH=. python3 benchmarks/results/2026-12-03-h200-v/next/emulate.py) (their index arithmetic transcribed, mma.sync's fragments as PTX
+"""Emulate mma4's kernels lane by lane on the CPU (PYTHONPATH=. python3 benchmarks/results/2026-12-03-h200-vi/g16/emulate.py) (their index arithmetic transcribed, mma.sync's fragments as PTX
 defines them) against the dequantized products."""
 import sys, torch
-sys.path.insert(0, "benchmarks/results/2026-12-03-h200-v/next")
+sys.path.insert(0, "benchmarks/results/2026-12-03-h200-vi/g16")
 import mma4
 from kernels.quant import quantize
 torch.manual_seed(0)
