@@ -16,14 +16,12 @@ def _merge_kernel(out_ptr, outh_ptr, y_ptr, done_ptr, counts_ptr, go, N, H, K: t
     i = p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     row = (i // H) * K * H + i % H                      # out [T, K, H]: the routes of token i // H
+    v = tl.zeros([BLOCK], tl.float32)
     if HOST:
-        v = tl.zeros([BLOCK], tl.float32)
         if tl.load(counts_ptr + 1) > tl.load(counts_ptr + 2):  # a miss left to the CPU: wait for its answer
             while tl.load(done_ptr, volatile=True) != go:
                 pass
             v = tl.load(outh_ptr + i, mask=m, other=0.0, volatile=True)
-    else:
-        v = tl.zeros([BLOCK], tl.float32)
     for k in range(K):
         v += tl.load(out_ptr + row + k * H, mask=m, other=0.0)
     tl.store(y_ptr + i, v.to(y_ptr.dtype.element_ty), mask=m)

@@ -111,11 +111,11 @@ def main() -> None:
                 bench.use_threads(n)
                 for k in map(int, a.experts.split(",")):
                     wall, own = poller_gbps(bench, a.seconds, k)
-                    for path, gbps in (("executor", {"gbps": bench.cpu_experts(a.seconds, k=k)}),
-                                       ("poller", {"gbps": wall, "own_gbps": own})):
+                    for path, rates in (("executor", {"gbps": bench.cpu_experts(a.seconds, k=k)}),
+                                        ("poller", {"gbps": wall, "own_gbps": own})):
                         print(json.dumps({"path": path, "format": a.format, "experts": k, "spinners": spinners,
                                           "threads": n, "pool_threads": bench.cpu.threads, "cores": cores,
-                                          "reserve": a.reserve, **{m: round(v, 2) for m, v in gbps.items()}}), flush=True)
+                                          "reserve": a.reserve, **{m: round(v, 2) for m, v in rates.items()}}), flush=True)
     bench.cpu.close()
 
 
