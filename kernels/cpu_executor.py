@@ -66,7 +66,7 @@ def _build() -> ctypes.CDLL:
     for fn, args, res in [("pool_create", [i, p, i], p), ("pool_destroy", [p], None),
                           ("submit", [p, p, m, m, p, p, p] + [i] * 7 + [a, i], p),
                           ("wait", [p, ctypes.c_double], i), ("error", [p], ctypes.c_char_p),
-                          ("free", [p], None), ("cpu_features", [], i),
+                          ("free", [p], None), ("cpu_features", [], i), ("put_x", [p, p, i, i, i], None),
                           ("seconds", [p], ctypes.c_double),
                           ("poller_start", [p] * 7 + [m, m] + [i] * 6 + [a, i], p),
                           ("poller_stop", [p], None), ("poller_stats", [p, p], i),

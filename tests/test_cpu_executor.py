@@ -650,3 +650,48 @@ def test_bias_validation(ex):
         ex.run(x, gu, down, ids, w, torch.empty(2, 64), OSS_ACT, (b_gu.half(), b_d))
     with pytest.raises(ValueError, match="biases must be float32"):
         ex.run(x, gu, down, ids, w, torch.empty(2, 64), OSS_ACT, (b_gu[:, :10], b_d))
+
+
+def _permuted(K: int, chunk: int) -> torch.Tensor:
+    """Where element k of a row goes for a kernel of this chunk: evens then odds within each whole
+    chunk (the low then the high nibbles of its codes), a short tail in place."""
+    pos = torch.arange(K)
+    whole = K - K % chunk if chunk else 0
+    o = pos[:whole] % chunk
+    pos[:whole] = pos[:whole] - o + (o % 2) * (chunk // 2) + o // 2
+    return pos
+
+
+@pytest.mark.parametrize("K", [2048 + 40, 40, 768])
+def test_activation_rows_are_laid_out_as_the_kernels_read_them(K):
+    """A job's x row for each reader: fp32 in the chunk order; for the BF16 dot products (64-value
+    chunks) bf16 hi = round-to-nearest-even of x, then lo = bf16(x - hi) (0 where hi overflowed)
+    after the K hi values, the vector path bit for bit the elementwise definition: ties, overflow
+    to infinity, infinities, NaN, subnormals, signed zeros."""
+    import ctypes
+    if not cpu_executor_available():
+        pytest.skip("no C++ executor here")
+    lib = CPUExecutor(1)._lib
+    g = torch.Generator().manual_seed(K)
+    x = torch.randn(K, generator=g) * torch.logspace(-30, 30, K).index_select(0, torch.randperm(K, generator=g))
+    special = torch.tensor([0x3F808000, 0x3F818000, 0xBF808000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000,
+                            0x7FC00001, 0x00000001, 0x80400000, 0x00000000, 0x80000000, 0x3F80FFFF, 0x7F7F8000],
+                           dtype=torch.int64).to(torch.int32).view(torch.float32)
+    x[:len(special)] = special
+    x[-len(special):] = special
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())
+    for chunk in (0, 32, 64):
+        out = torch.full((K,), -1.0)
+        lib.ftmoe_put_x(ptr(out), ptr(x), K, 0, chunk)  # A_F32
+        want = torch.empty(K).index_copy_(0, _permuted(K, chunk), x)
+        assert torch.equal(out.view(torch.int32), want.view(torch.int32)), chunk
+    out = torch.zeros(2 * K, dtype=torch.int16)
+    lib.ftmoe_put_x(ptr(out), ptr(x), K, 2, 64)  # A_BF16X2
+    hi = x.bfloat16()
+    lo = torch.where(hi.float().isinf(), 0.0, x - hi.float()).bfloat16()
+    pos = _permuted(K, 64)
+    for got, w in ((out[:K][pos], hi), (out[K:][pos], lo)):
+        got = got.view(torch.bfloat16)
+        assert torch.equal(got.isnan(), w.isnan())
+        ok = ~w.isnan()
+        assert torch.equal(got[ok].view(torch.int16), w[ok].view(torch.int16))

@@ -489,6 +489,45 @@ void rows(const Row& w, const void* const* x, int nx, float* out) {
 }
 
 template <int F> const Kernel kernel{rows<F, true>, kChunk, A_BF16X2, rows<F, false>};
+
+// bf16 of 16 fp32 values as f2bf rounds them (to nearest even, a NaN kept a NaN), each in the low
+// half of its 32-bit lane.
+inline __m512i round_bf16(__m512i u) {
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                                       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+}
+
+// put_act of a whole row of K values as A_BF16X2 in permute(.., 64) order (the x of a job, 2048
+// values: ~0.3 us here against ~8 us element by element), the same bits.
+void put_row(uint16_t* h, const float* x, int K) {
+  alignas(64) uint16_t ix[32];
+  for (int i = 0; i < 32; ++i) ix[i] = uint16_t(2 * i);
+  const __m512i even = _mm512_load_si512(ix), odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));  // 16-bit lanes
+  const int nv = K & -kChunk;
+  for (int c = 0; c < nv; c += kChunk) {
+    __m512i hi[2], lo[2];  // the chunk's 64 values in order, 32 a register
+    for (int j = 0; j < 2; ++j) {
+      __m256i hh[2], ll[2];
+      for (int k = 0; k < 2; ++k) {
+        const __m512 v = _mm512_loadu_ps(x + c + 32 * j + 16 * k);
+        const __m512i b = round_bf16(_mm512_castps_si512(v));
+        const __m512 bv = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+        const __mmask16 inf = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7f80));
+        hh[k] = _mm512_cvtepi32_epi16(b);
+        ll[k] = _mm512_cvtepi32_epi16(round_bf16(_mm512_castps_si512(_mm512_maskz_sub_ps(~inf, v, bv))));
+      }
+      hi[j] = _mm512_inserti64x4(_mm512_castsi256_si512(hh[0]), hh[1], 1);
+      lo[j] = _mm512_inserti64x4(_mm512_castsi256_si512(ll[0]), ll[1], 1);
+    }
+    _mm512_storeu_si512(h + c, _mm512_permutex2var_epi16(hi[0], even, hi[1]));
+    _mm512_storeu_si512(h + c + 32, _mm512_permutex2var_epi16(hi[0], odd, hi[1]));
+    _mm512_storeu_si512(h + K + c, _mm512_permutex2var_epi16(lo[0], even, lo[1]));
+    _mm512_storeu_si512(h + K + c + 32, _mm512_permutex2var_epi16(lo[0], odd, lo[1]));
+  }
+  for (int k = nv; k < K; ++k) put_act(reinterpret_cast<char*>(h), K, k, x[k], A_BF16X2);
+}
 }  // namespace bf16q
 #pragma GCC pop_options
 
@@ -515,6 +554,13 @@ Kernel kernel(int mode, const Mat& m) {
   }
   if (mode == DP_BF16) return {m.fmt == BF16 ? rows_dpbf16 : nullptr, 0, A_BF16};
   return {mode == SCALAR ? scalarf[m.fmt] : avx2f[m.fmt], 0};
+}
+
+// A row of K activations as a kernel reading (act, chunk) takes it (ftmoe_submit's x, one row).
+void put_x(char* row, const float* x, int K, int act, int chunk) {
+  if (act == A_BF16X2 && chunk == bf16q::kChunk && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"))
+    return bf16q::put_row(reinterpret_cast<uint16_t*>(row), x, K);
+  for (int k = 0; k < K; ++k) put_act(row, K, permute(k, K, chunk), x[k], act);
 }
 
 struct Pool;
@@ -753,8 +799,7 @@ void* ftmoe_submit(void* pool, const void* x, const Mat* gu, const Mat* dn, cons
       J->xp.reset(new char[size_t(T) * J->xn * J->xsz]);
       for (int t = 0; t < T; ++t) {
         char* row = J->xp.get() + size_t(t) * J->xn * J->xsz;
-        for (int k = 0; k < H; ++k)
-          put_act(row, H, permute(k, H, J->kgu.chunk), static_cast<const float*>(x)[size_t(t) * H + k], J->kgu.act);
+        put_x(row, static_cast<const float*>(x) + size_t(t) * H, H, J->kgu.act, J->kgu.chunk);
         if (J->kgu.sums) block_sums(reinterpret_cast<float*>(row), H, gu->bk);
       }
       J->x = J->xp.get();
@@ -809,6 +854,8 @@ double ftmoe_seconds(void* job) {  // only once ftmoe_wait said done
   return std::chrono::duration<double>(J->t1 - J->t0).count();
 }
 void ftmoe_free(void* job) { release(static_cast<Job*>(job)); }  // only once ftmoe_wait said done
+// One row of K activations in the layout a job gives a kernel reading (act, chunk) (tests).
+void ftmoe_put_x(void* row, const float* x, int K, int act, int chunk) { put_x(static_cast<char*>(row), x, K, act, chunk); }
 
 // In-graph CPU branch. A thread polls `go` in mapped pinned memory: the GPU stream, after
 // staging x, ids, weights and the layer step's fill count, writes go = (layer + 1) | (T << 20);
