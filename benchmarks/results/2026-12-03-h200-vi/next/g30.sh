@@ -13,8 +13,9 @@ pack() { tar czf $out/g30.tgz -C $w . ; }
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $w/log.txt; }; left() { echo $(( 540 - ($(date +%s) - t0) )); }
 for t in main fr; do mkdir -p /tmp/$t; cp -r kernels engine ftw freetoken_cli tests pyproject.toml /tmp/$t/; done
 (cd /tmp/fr && patch -p1 < $d/next/fused_router.patch) > $w/patch.txt 2>&1
-(cd /tmp/fr && timeout -s ABRT 200 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_triton_kernels.py -k router \
-  tests/test_graphs.py tests/test_parity.py 2>&1 | tail -5) > $w/tests.txt; cat $w/tests.txt; el tested; pack
+(cd /tmp/fr && timeout -s ABRT 60 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernels.py -k router 2>&1 | tail -3
+ timeout -s ABRT 150 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py tests/test_parity.py 2>&1 | tail -5) > $w/tests.txt
+cat $w/tests.txt; el tested; pack
 (cd /tmp/fr && PYTHONPATH=/tmp/fr timeout -s ABRT 120 python3 $d/next/router_bench.py) 2>&1 | grep -v "Warn\|warn" | tee $w/router_bench.txt; el bench; pack
 dec() {  # tree fmt budget i
   [ $(left) -gt 35 ] || { el skip $1 $2 $3 $4; return 1; }
