@@ -119,6 +119,12 @@ class Bench:
         self.x = torch.randn(1, EXPERT[0], dtype=torch.bfloat16)
         self.out = torch.empty(1, EXPERT[0], dtype=torch.float32)
 
+    @classmethod
+    def beyond_llc(cls, cuda: bool, fmt: str = "bfloat16") -> "Bench":
+        """A bench whose rows outgrow the CPU caches: at least 96 experts, 3x the last-level cache."""
+        slot = expert_rows(1, fmt)[0].slot_bytes
+        return cls(max(96, -(-3 * llc_bytes() // slot)), cuda, fmt)
+
     def use_threads(self, threads: int | None) -> None:
         """The CPU executor from now on: `threads` workers (None: its default)."""
         from kernels.cpu_executor import CPUExecutor
@@ -239,8 +245,7 @@ def measure(quick: bool = False, threads: int | None = None, fmt: str = "bfloat1
         raise UserError(f"unknown expert format {fmt!r}; choose bfloat16, {', '.join(FORMATS)}")
     cuda = torch.cuda.is_available()
     secs, reps = (0.3, 1) if quick else (2.0, 3)
-    slot = expert_rows(1, fmt)[0].slot_bytes
-    b = Bench(max(96, -(-3 * llc_bytes() // slot)), cuda, fmt)  # >= 96 experts, 3x the L3
+    b = Bench.beyond_llc(cuda, fmt)
     sweep = sweep_threads(b, secs / 4, reps) if threads is None and not quick else []
     b.use_threads(pick_threads(sweep) if sweep else threads)
     res = {"machine": machine(), "quick": quick, "format": fmt, "cpu_threads": b.cpu.threads,

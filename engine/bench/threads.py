@@ -87,7 +87,7 @@ def poller_gbps(bench, seconds: float, k: int = 8) -> tuple[float, float]:
 
 
 def main() -> None:
-    from engine.profile import Bench, busy_host_threads, llc_bytes
+    from engine.profile import Bench, busy_host_threads
     from kernels import cpu_executor
     from kernels.quant import FORMATS
     cores = cpu_executor._cores()
@@ -103,8 +103,7 @@ def main() -> None:
     ap.add_argument("--experts", default="8", help="comma list: distinct experts a step")
     a = ap.parse_args()
     cpu_executor.HOST_THREADS = a.reserve
-    slot = cpu_executor.expert_bytes("bf16" if a.format == "bfloat16" else a.format)
-    bench = Bench(max(96, -(-3 * llc_bytes() // slot)), cuda=False, fmt=a.format)
+    bench = Bench.beyond_llc(cuda=False, fmt=a.format)
     for spinners in map(int, a.spinners.split(",")):
         with busy_host_threads(spinners):
             for n in map(int, a.threads.split(",")):

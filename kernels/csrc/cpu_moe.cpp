@@ -558,9 +558,10 @@ Kernel kernel(int mode, const Mat& m) {
 }
 
 // A row of K activations as a kernel reading (act, chunk) takes it (ftmoe_submit's x, one row).
+// A_BF16X2 rows in 64-value chunks are the BF16 dot products' (bf16q), which run only where the
+// CPU has AVX-512 BF16 (ftmoe_cpu_features bit 1).
 void put_x(char* row, const float* x, int K, int act, int chunk) {
-  if (act == A_BF16X2 && chunk == bf16q::kChunk && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"))
-    return bf16q::put_row(reinterpret_cast<uint16_t*>(row), x, K);
+  if (act == A_BF16X2 && chunk == bf16q::kChunk) return bf16q::put_row(reinterpret_cast<uint16_t*>(row), x, K);
   for (int k = 0; k < K; ++k) put_act(row, K, permute(k, K, chunk), x[k], act);
 }
 
@@ -855,7 +856,8 @@ double ftmoe_seconds(void* job) {  // only once ftmoe_wait said done
   return std::chrono::duration<double>(J->t1 - J->t0).count();
 }
 void ftmoe_free(void* job) { release(static_cast<Job*>(job)); }  // only once ftmoe_wait said done
-// One row of K activations in the layout a job gives a kernel reading (act, chunk) (tests).
+// One row of K activations in the layout a job gives a kernel reading (act, chunk) (tests; A_BF16X2
+// in 64-value chunks needs ftmoe_cpu_features bit 1).
 void ftmoe_put_x(void* row, const float* x, int K, int act, int chunk) { put_x(static_cast<char*>(row), x, K, act, chunk); }
 
 // In-graph CPU branch. A thread polls `go` in mapped pinned memory: the GPU stream, after
