@@ -1,5 +1,5 @@
 """B_H per expert format: GB/s of expert bytes (a quantized format's own codes, scales and zero
-points) that the CPU executor reads at batch 1, by kernels.cpu_executor.expert_gbps (the per-format
+points) that the CPU executor reads at batch 1, by freetoken_kernels.cpu_executor.expert_gbps (the per-format
 B_H probe), the median of several runs. The quantized formats are compute-bound on dequantization,
 so one thread's figure tracks the row kernels' speed; --backend compares the executor's paths
 (e.g. avx512_bf16 against avx512 for int4 and mxfp4).
@@ -12,8 +12,8 @@ import argparse
 import json
 import statistics
 
-from kernels.cpu_executor import expert_gbps
-from kernels.quant import FORMATS
+from freetoken_kernels.cpu_executor import expert_gbps
+from freetoken_kernels.quant import FORMATS
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

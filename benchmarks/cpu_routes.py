@@ -1,7 +1,7 @@
 """The CPU executor's compute with several routes per expert: GFLOP/s (6 * hidden * inter per
 route) of jobs whose T tokens all route to the same 8 experts (T routes each), cycling through 48
 experts (beyond the caches), per weight format and thread count; the median of three 0.5 s runs
-of kernels.cpu_executor.expert_gbps. Batch decode with several streams and short prefill chunks
+of freetoken_kernels.cpu_executor.expert_gbps. Batch decode with several streams and short prefill chunks
 give the executor such jobs.
 
     PYTHONPATH=$PWD python benchmarks/cpu_routes.py [--threads 1,2] [--formats bf16,int4] [--backend avx2_fma]
@@ -12,7 +12,7 @@ import argparse
 import json
 import statistics
 
-from kernels.cpu_executor import expert_bytes, expert_gbps
+from freetoken_kernels.cpu_executor import expert_bytes, expert_gbps
 
 HIDDEN, INTER, N_EXPERTS = 2048, 768, 48
 

@@ -18,11 +18,11 @@ tests)
     tests/test_radix.py tests/test_ftw.py tests/test_archs.py tests/test_sliding.py > "$out/gpu_tests.txt" 2>&1
   tail -5 "$out/gpu_tests.txt"
   ft profile --json --cpu-threads 8 > "$out/profile.json" 2> "$out/profile.err"; cat "$out/profile.json"
-  python3 -c "from kernels.moe_triton import bench_moe; from kernels.attention_triton import bench_attention
-from kernels.plan_triton import bench_plan; from kernels.fill_triton import bench_fill; from kernels.mla_triton import bench_mla
+  python3 -c "from freetoken_kernels.moe_triton import bench_moe; from freetoken_kernels.attention_triton import bench_attention
+from freetoken_kernels.plan_triton import bench_plan; from freetoken_kernels.fill_triton import bench_fill; from freetoken_kernels.mla_triton import bench_mla
 print(bench_moe()); print(bench_attention()); print(bench_plan()); print(bench_fill()); print(bench_mla())" > "$out/kernels.txt" 2>&1
   tail -3 "$out/kernels.txt"
-  python3 -m kernels.moe_triton > "$out/kernels_quant.json" 2>&1; tail -60 "$out/kernels_quant.json" ;;
+  python3 -m freetoken_kernels.moe_triton > "$out/kernels_quant.json" 2>&1; tail -60 "$out/kernels_quant.json" ;;
 graphs)  # graph decode: GPU tests, then graph vs eager rows
   timeout -s ABRT 300 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py \
     tests/test_triton_kernels.py tests/test_parity.py tests/test_policies.py > "$out/gpu_tests.txt" 2>&1
@@ -94,7 +94,7 @@ depth-run)  # issue 22: `run`'s own decode tok/s after a ~16k-token prompt besid
     --depth "$n" --tokens 128 --out "$out/bench16k.json" > "$out/bench16k.txt" 2>&1; tail -6 "$out/bench16k.txt" ;;
 hybrid)  # issue 24: hybrid parity on CUDA, an agent session with state checkpoints on and off, decode and 16k prefill
   hy="--synthetic qwen3.5-35b-a3b --cpu-threads 8 --expert-budget 8GiB"
-  python3 -c "import kernels.linear_attn as k; print('flash-linear-attention:', k._fla() is not None)" > "$out/hybrid_env.txt" 2>&1
+  python3 -c "import freetoken_kernels.linear_attn as k; print('flash-linear-attention:', k._fla() is not None)" > "$out/hybrid_env.txt" 2>&1
   timeout -s ABRT 300 python3 -m pytest -q -p no:cacheprovider --engine-device cuda tests/test_linear_attention.py \
     tests/test_hybrid.py tests/test_parity.py -k "linear or hybrid or qwen3_next or qwen3_5" > "$out/hybrid_tests.txt" 2>&1
   tail -5 "$out/hybrid_tests.txt"

@@ -21,7 +21,7 @@ from engine.moe.layout import BIASES, WEIGHTS, SlotLayout
 from engine.moe.store import bank_name
 from engine.fingerprint import CONVERTER, SIDE_FILES, fingerprint
 from ftw.format import DTYPES
-from kernels.quant import FORMATS, QWeight, quantize
+from freetoken_kernels.quant import FORMATS, QWeight, quantize
 
 LAYER = re.compile(r"model\.layers\.(\d+)\.")
 EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\."

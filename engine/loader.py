@@ -28,7 +28,7 @@ from engine.moe.store import HostExpertStore
 from engine.runner import ModelRunner
 from engine.sampling import generator, sample
 from ftw.format import DTYPES
-from kernels import linear_attn
+from freetoken_kernels import linear_attn
 
 GiB = 2**30
 log = logging.getLogger("freetoken.loader")
@@ -237,7 +237,7 @@ def prefill_bytes(chunk: int, cfg: ModelConfig, max_context: int, dtype: torch.d
     """Device memory a prefill chunk of `chunk` tokens works in: per token, a layer step's hidden
     states, q/k/v/o, one row of the causal mask over the context (bool and additive) and the fp32 expert
     intermediates; once, K and V of the whole context expanded to every query head (MLA: decompressed;
-    with attention sinks twice: SDPA reads a padded copy, see kernels.ref.paged_attention)."""
+    with attention sinks twice: SDPA reads a padded copy, see freetoken_kernels.ref.paged_attention)."""
     H, b = cfg.hidden_size, dtype.itemsize
     D = sum(cfg.attn_dims)  # a head's K and V widths
     inter = max(cfg.moe_intermediate_size, cfg.intermediate_size)

@@ -1,6 +1,6 @@
 """Machine profile: the bandwidths behind the miss split, measured with the engine's own paths
 on realistic expert sizes in one expert format (bfloat16, which float models of any dtype use,
-or a kernels.quant format: the CPU may turn compute-bound on dequantization, so B_H is measured
+or a freetoken_kernels.quant format: the CPU may turn compute-bound on dequantization, so B_H is measured
 per quantized format and never carried over from bf16; bandwidths count the format's own bytes,
 which is what q* splits). B_P = pinned
 host-to-device expert fills into a slot pool; B_H = the CPU expert executor at batch 1 over a
@@ -25,7 +25,7 @@ import torch
 
 from engine.config import cache_dir
 from engine.moe.layout import SlotLayout
-from kernels.quant import FORMATS, quantize
+from freetoken_kernels.quant import FORMATS, quantize
 
 GB = 1e9
 EXPERT = (2048, 768)  # hidden, moe_intermediate of Qwen3-30B-A3B: 9.4 MB bf16 experts
@@ -127,7 +127,7 @@ class Bench:
 
     def use_threads(self, threads: int | None) -> None:
         """The CPU executor from now on: `threads` workers (None: its default)."""
-        from kernels.cpu_executor import CPUExecutor
+        from freetoken_kernels.cpu_executor import CPUExecutor
         if self.cpu is not None:
             self.cpu.close()
         self.cpu = CPUExecutor(threads)
@@ -225,7 +225,7 @@ def busy_host_threads(n: int):
 def sweep_threads(b: Bench, seconds: float, reps: int) -> list[dict]:
     """B_H (GB/s) of each candidate thread count, beside busy stand-ins for the host threads
     (nothing where there is one candidate)."""
-    from kernels.cpu_executor import HOST_THREADS, max_threads
+    from freetoken_kernels.cpu_executor import HOST_THREADS, max_threads
     counts, rows = thread_candidates(max_threads()), []
     if len(counts) < 2:
         return rows

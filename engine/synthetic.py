@@ -85,9 +85,9 @@ def random_dense(model: torch.nn.Module, gen: torch.Generator) -> None:
 
 
 def expert_layout(cfg: ModelConfig, quant: tuple[str, int] | None) -> SlotLayout:
-    """The slot layout of the shape's experts: bf16, or quant = (format, group) of kernels.quant
+    """The slot layout of the shape's experts: bf16, or quant = (format, group) of freetoken_kernels.quant
     (a group that does not divide a tiny shape's dimensions halves until it does)."""
-    from kernels.quant import quantize
+    from freetoken_kernels.quant import quantize
     H, I = cfg.hidden_size, cfg.moe_intermediate_size
     if quant is None:
         return SlotLayout.for_experts(H, I, torch.bfloat16, cfg.expert_bias)
@@ -102,7 +102,7 @@ def random_banks(store, dtype: torch.dtype, gen: torch.Generator, distinct: int 
                  progress=None) -> None:
     """Fill the store's rows from a pool of `distinct` random experts (varied per layer), quantized
     when the store's layout is; progress(bytes done, total) after each layer."""
-    from kernels.quant import QWeight, quantize
+    from freetoken_kernels.quant import QWeight, quantize
     layout = store.layout
     pool = torch.zeros(distinct, layout.slot_bytes, dtype=torch.uint8)
     for v in layout.views(pool).values():

@@ -125,7 +125,7 @@ def test_gpt_oss_reference_clamps_at_the_config_limit(tiny_model):
     import json
 
     from engine.models import model_config
-    from kernels import ref
+    from freetoken_kernels import ref
     model, hf, _ = tiny_model("gpt_oss")
     act = model_config(json.loads((hf / "config.json").read_text())).expert_act
     gate_up = torch.linspace(-3, 3, 64).view(2, 32)          # gate and up interleaved, past the limit

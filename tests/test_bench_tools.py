@@ -190,7 +190,7 @@ def test_threads_bench_times_small_jobs_on_both_paths(fmt):
     the poller's by the wall clock (its Python driver too) and by its own, which is the shorter."""
     from engine.bench.threads import poller_gbps
     from engine.profile import Bench
-    from kernels.cpu_executor import cpu_executor_available
+    from freetoken_kernels.cpu_executor import cpu_executor_available
     if not cpu_executor_available():
         pytest.skip("needs the C++ CPU executor")
     bench = Bench(4, cuda=False, fmt=fmt)

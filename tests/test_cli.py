@@ -271,7 +271,7 @@ def test_bench_decode_rows_per_thread_count(tiny_hf, monkeypatch):
     the count asked for, the pool's (capped by the cores left beside the host threads: 2 of 4)
     and the cores its threads kept busy. The prompt is deep enough that the second run needs the KV
     pages the first one's prompts held."""
-    from kernels import cpu_executor
+    from freetoken_kernels import cpu_executor
     monkeypatch.setattr(cpu_executor, "_core_cpus", lambda: [0, 1, 2, 3])
     r = cli("bench", "decode", tiny_hf, "--device", "cpu", "--tokens", 2, "--repeats", 1, "--expert-budget",
             "1MiB", "--moe-policy", "cpu", "--depth", 400, "--cpu-threads", "1,5", "--json")

@@ -1,4 +1,4 @@
-"""Parity of the C++ CPU expert executor (and its torch fallback) with kernels.ref.moe_experts,
+"""Parity of the C++ CPU expert executor (and its torch fallback) with freetoken_kernels.ref.moe_experts,
 on expert banks laid out like the engine's host store: typed strided views into a byte bank."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import itertools
 import pytest
 import torch
 
-from kernels import cpu_executor, ref
-from kernels.cpu_executor import CPUExecutor, cpu_executor_available
-from kernels.quant import QWeight, quantize
+from freetoken_kernels import cpu_executor, ref
+from freetoken_kernels.cpu_executor import CPUExecutor, cpu_executor_available
+from freetoken_kernels.quant import QWeight, quantize
 
 E = 16
 
@@ -225,7 +225,7 @@ def test_a_built_library_loads_without_torchs_builder():
     import sys
     if not cpu_executor_available():
         pytest.skip("no C++ compiler here")
-    code = ("import sys, engine; from kernels import cpu_executor as c; assert c._library() is not None; "
+    code = ("import sys, engine; from freetoken_kernels import cpu_executor as c; assert c._library() is not None; "
             "print('torch.utils.cpp_extension' in sys.modules)")
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600) for _ in range(2)]
     assert [r.stdout.strip() for r in runs][1:] == ["False"], [r.stdout + r.stderr for r in runs]  # the first may build
@@ -382,7 +382,7 @@ def test_poller_serves_the_graph_protocol_and_times_fills(ex, fmt):
         poller.close()
 
 
-# ---- quantized banks (kernels/quant.py layout) ----
+# ---- quantized banks (freetoken_kernels/quant.py layout) ----
 
 def qbank(experts: dict, fmt: str, group: int, symmetric: bool = True, scale_dtype=torch.float16):
     """Each expert of {name: [E, N, K]} quantized on its own, the parts of all names laid one after

@@ -25,7 +25,7 @@ from dist_driver import agent_turns
 
 from engine.moe.shard import ExpertShard
 from engine.moe.tables import HostTables
-from kernels import ref
+from freetoken_kernels import ref
 
 DRIVER = Path(__file__).with_name("dist_driver.py")
 # 24 tokens: long enough that prefill runs in scan mode (streamed or cold-fetched layers)
@@ -169,7 +169,7 @@ def test_ownership_covers_every_expert_once(experts, world):
 
 
 def test_host_plan_skips_routes_of_other_ranks():
-    """The eager tables make kernels.ref.plan's decisions when some routes are another rank's."""
+    """The eager tables make freetoken_kernels.ref.plan's decisions when some routes are another rank's."""
     L, E, S, K = 3, 8, 10, 3
     gen = torch.Generator().manual_seed(4)
     host = HostTables(S, L * E, L)

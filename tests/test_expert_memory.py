@@ -8,7 +8,7 @@ import torch
 from conftest import greedy, load
 
 from engine.errors import UserError
-from kernels import ref
+from freetoken_kernels import ref
 
 
 def test_budget_invariance_and_counters(tiny_model):

@@ -9,11 +9,11 @@ if not torch.cuda.is_available():
 
 from conftest import greedy, load  # noqa: E402
 
-from kernels import ref  # noqa: E402
+from freetoken_kernels import ref  # noqa: E402
 
 
 def test_fill_kernel_matches_reference():
-    from kernels.fill_triton import fill_rows
+    from freetoken_kernels.fill_triton import fill_rows
     cuda = torch.cuda.is_available()
     src = torch.randint(0, 255, (12, 4096 * 3), dtype=torch.uint8)
     if cuda:

@@ -4,7 +4,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "kernels", "ftw", "freetoken_cli")
+PACKAGES = ("engine", "freetoken_kernels", "ftw", "freetoken_cli")
 
 
 def modules() -> dict[str, Path]:

@@ -4,7 +4,7 @@ flash-linear-attention (when installed) against the references."""
 import pytest
 import torch
 
-from kernels import linear_attn, ref
+from freetoken_kernels import linear_attn, ref
 
 
 def inputs(T, Hk=2, H=4, Dk=8, Dv=6, seed=0, device="cpu"):

@@ -86,7 +86,7 @@ def test_q_star_starts_from_the_profile_and_follows_or_holds():
     at 1 B/s, so a recurring miss is still fetched; follow(False) holds the start's q*,
     follow(True) resumes the online estimates."""
     from engine.moe.qstar import QStar
-    from kernels.ref import split_fetch
+    from freetoken_kernels.ref import split_fetch
     qs = QStar(store=None, cpu=None)
     assert qs.value == 1.0 and qs.estimator is None                  # no bandwidths yet: fetch
     prof = {"h2d_gbps": 50.0, "cpu_expert_gbps": 30.0, "h2d_concurrent_gbps": 40.0, "cpu_expert_concurrent_gbps": 10.0}
@@ -160,7 +160,7 @@ def test_thread_count_from_the_profile(monkeypatch, tmp_path):
     from engine.config import EngineConfig, parse_size
     from engine.loader import load_synthetic, rebuild_experts
     from engine.profile import default_threads, machine, pick_threads, save, thread_candidates
-    from kernels import cpu_executor
+    from freetoken_kernels import cpu_executor
     assert thread_candidates(14) == [7, 8, 10, 12, 14] and thread_candidates(6) == [3, 4, 6]
     assert thread_candidates(1) == [1]
     sweep = [{"threads": n, "gbps": g} for n, g in [(8, 87.6), (10, 91.2), (12, 104.7), (14, 118.3), (16, 119.1)]]

@@ -11,8 +11,8 @@ from test_cli import cli, one_line_error, tiny_hf  # noqa: F401  (tiny_hf: a fix
 import qpack
 import tiny
 from engine.moe.layout import SlotLayout
-from kernels import ref as kref
-from kernels.quant import quantize
+from freetoken_kernels import ref as kref
+from freetoken_kernels.quant import quantize
 
 GROUP = {"int4": 16, "int8": 32, "fp8": 16, "mxfp4": None}
 
@@ -50,7 +50,7 @@ def test_quant_round_trip(float_hf, tmp_path, fmt):
     layout = e.runtime.store.layout
     assert layout.dtype == fmt
     w0 = model.model.layers[0].mlp.experts.gate_up_proj[3]
-    q, s, z, block = quantize(fmt, w0, GROUP[fmt] or 32)     # the bank holds exactly kernels.quant's codes
+    q, s, z, block = quantize(fmt, w0, GROUP[fmt] or 32)     # the bank holds exactly freetoken_kernels.quant's codes
     v = e.runtime.store.views[0]["gate_up"]
     assert torch.equal(v.q[3], q) and torch.equal(v.s[3], s) and v.block == block
     assert z is None or torch.equal(v.z[3], z)

@@ -8,8 +8,8 @@ import torch
 from conftest import greedy, load
 
 from engine.moe.layout import SlotLayout
-from kernels import ref
-from kernels.quant import QWeight, quantize
+from freetoken_kernels import ref
+from freetoken_kernels.quant import QWeight, quantize
 
 H, I, E = 64, 32, 4
 
@@ -63,7 +63,7 @@ def test_slot_parts_live_on_the_pool_device():
 
 def test_cpu_executor_runs_quantized_banks():
     """The CPU executor takes QWeight banks (on its torch path until the C++ one reads them)."""
-    from kernels.cpu_executor import CPUExecutor
+    from freetoken_kernels.cpu_executor import CPUExecutor
     layout, bank, _ = quantized_bank("int4", 16)
     v = layout.views(bank)
     x = torch.randn(3, H)

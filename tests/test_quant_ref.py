@@ -1,9 +1,9 @@
-"""The quantized-weight reference (kernels/quant.py): round trips, the packing against a second
+"""The quantized-weight reference (freetoken_kernels/quant.py): round trips, the packing against a second
 reading of each format's published description, and the error bounds of each quantizer."""
 import pytest
 import torch
 
-from kernels.quant import E2M1, QWeight, dequant, pack_nibbles, quantize, unpack_nibbles
+from freetoken_kernels.quant import E2M1, QWeight, dequant, pack_nibbles, quantize, unpack_nibbles
 
 
 def test_nibbles_round_trip_and_order():

@@ -66,7 +66,7 @@ def test_awq_interleave_order():
         word |= col << (4 * i)
     t["qweight"] = torch.full((16, 1), word - 2 ** 32 if word >= 2 ** 31 else word, dtype=torch.int32)
     _, p = unpack("awq", {f".{k}": v for k, v in t.items()})
-    from kernels.quant import unpack_nibbles
+    from freetoken_kernels.quant import unpack_nibbles
     assert torch.equal(unpack_nibbles(p[0]), codes.t().to(torch.uint8))
 
 

@@ -1,4 +1,4 @@
-"""Parity of the Triton kernels with kernels/ref.py. Without CUDA they run under TRITON_INTERPRET=1
+"""Parity of the Triton kernels with freetoken_kernels/ref.py. Without CUDA they run under TRITON_INTERPRET=1
 (fp32/fp16 only, small shapes); with CUDA the same tests run the compiled kernels, also in bf16,
 plus decode-sized shapes. Low-precision results are compared with the fp32 reference computed
 from the same (rounded) inputs, within two ulps of the input dtype."""
@@ -15,14 +15,14 @@ if not CUDA:
 pytest.importorskip("triton")
 
 from engine.moe.layout import SlotLayout  # noqa: E402
-from kernels import ref  # noqa: E402
-from kernels.attention_triton import paged_decode_attention  # noqa: E402
-from kernels.mla_triton import TILES, mla_decode_attention  # noqa: E402
-from kernels.moe_gemm_triton import moe_experts_gemm  # noqa: E402
-from kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
-from kernels.plan_triton import plan  # noqa: E402
-from kernels.quant import QWeight, quantize  # noqa: E402
-from kernels.router_triton import route  # noqa: E402
+from freetoken_kernels import ref  # noqa: E402
+from freetoken_kernels.attention_triton import paged_decode_attention  # noqa: E402
+from freetoken_kernels.mla_triton import TILES, mla_decode_attention  # noqa: E402
+from freetoken_kernels.moe_gemm_triton import moe_experts_gemm  # noqa: E402
+from freetoken_kernels.moe_triton import moe_experts, moe_experts_auto  # noqa: E402
+from freetoken_kernels.plan_triton import plan  # noqa: E402
+from freetoken_kernels.quant import QWeight, quantize  # noqa: E402
+from freetoken_kernels.router_triton import route  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -237,7 +237,7 @@ def test_gemm_tiles_built_on_the_device_match_the_host_list():
     """The grouped GEMMs' tiles, built without a host sync, are the host's list (per slot in
     order, at most block_m routes each, slot -1 skipped) followed by empty rows, within the bound
     the shapes give."""
-    from kernels.moe_gemm_triton import _tiles
+    from freetoken_kernels.moe_gemm_triton import _tiles
     gen = torch.Generator().manual_seed(3)
     for T, K, S, bm in ((24, 4, 5, 16), (7, 8, 40, 4), (50, 2, 3, 64), (1, 1, 1, 1)):
         slots = torch.randint(-1, S, (T, K), generator=gen)
@@ -730,7 +730,7 @@ def test_qkv_rope_write_matches_unfused(dtype, norm, partial):
     unfused modules' plain functions; cache rows other than the written slots stay untouched."""
     from engine.layers.norm import rms_norm
     from engine.layers.rope import Rope, apply_rope
-    from kernels.attention_triton import qkv_rope_write
+    from freetoken_kernels.attention_triton import qkv_rope_write
     _need(dtype)
     gen = torch.Generator().manual_seed(7)
     T, Hq, Hkv, D, S = 3, 4, 2, 32, 10
@@ -763,7 +763,7 @@ def test_norm_kernels_match_reference(dtype):
     one, and the residual add with the norm, against the plain functions; the weight's dtype
     promotes the result as in torch."""
     from engine.layers.norm import _rms_norm
-    from kernels.norm_triton import add_rms_norm, rms_norm
+    from freetoken_kernels.norm_triton import add_rms_norm, rms_norm
     _need(dtype)
     gen = torch.Generator().manual_seed(5)
     x, d = (torch.randn(5, 3 * 40, generator=gen).to(dtype) for _ in range(2))
@@ -784,7 +784,7 @@ def test_centered_and_gated_norm_kernels_match_reference(dtype):
     """The zero-centered (1 + w) norm, alone and after the residual add, and Gated DeltaNet's
     gated output norm (strided gate rows), against the plain functions, in x's dtype."""
     from engine.layers.norm import _gated_rms_norm, _rms_norm
-    from kernels.norm_triton import add_rms_norm, gated_rms_norm, rms_norm
+    from freetoken_kernels.norm_triton import add_rms_norm, gated_rms_norm, rms_norm
     _need(dtype)
     gen = torch.Generator().manual_seed(6)
     x, d, g = (torch.randn(6, 2 * 32, generator=gen).to(dtype) for _ in range(3))
@@ -809,7 +809,7 @@ def test_merge_matches_torch(dtype):
     routes summed), against plain torch; not read in a step that left no route to the CPU.
     Without the host part: the routes summed in order and cast."""
     _need(dtype)
-    from kernels.merge_triton import merge_routes
+    from freetoken_kernels.merge_triton import merge_routes
     gen = torch.Generator().manual_seed(3)
     T, K, H, Tmax = 3, 6, 1100, 4                                  # H not a multiple of the block
     host = dict(pin_memory=True) if CUDA else {}

@@ -13,7 +13,7 @@ graph decode's online B_H counts it. One JSON row per measurement:
     python -m engine.bench.threads [--threads 1,2,4,8,16] [--spinners 0,1,2] [--reserve N]
                                    [--format int4] [--experts 1,2,8]
 
-`--reserve 0` lifts the cap on workers (kernels.cpu_executor.HOST_THREADS) to show what
+`--reserve 0` lifts the cap on workers (freetoken_kernels.cpu_executor.HOST_THREADS) to show what
 happens without it."""
 from __future__ import annotations
 
@@ -88,8 +88,8 @@ def poller_gbps(bench, seconds: float, k: int = 8) -> tuple[float, float]:
 
 def main() -> None:
     from engine.profile import Bench, busy_host_threads
-    from kernels import cpu_executor
-    from kernels.quant import FORMATS
+    from freetoken_kernels import cpu_executor
+    from freetoken_kernels.quant import FORMATS
     cores = cpu_executor._cores()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default=",".join(map(str, sorted(

@@ -1,5 +1,5 @@
 """Quantized checkpoints users have: one module per quantization method, each a Scheme that
-groups a weight's checkpoint tensors and unpacks them into kernels.quant's layout. Routed
+groups a weight's checkpoint tensors and unpacks them into freetoken_kernels.quant's layout. Routed
 experts keep that quantized form; everything else is dequantized to the conversion's dtype."""
 from __future__ import annotations
 

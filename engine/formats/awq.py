@@ -3,7 +3,7 @@
   qzeros   int32 [K / group, N / 8]: zero points packed the same way
   scales   float16 [K / group, N]
 dequantized as W[n, k] = (code[k, n] - zero[k // group, n]) * scales[k // group, n]. Nibble i
-(bits 4i..4i+3) of word c holds column 8c + AWQ_ORDER[i]. Kept as kernels.quant's int4."""
+(bits 4i..4i+3) of word c holds column 8c + AWQ_ORDER[i]. Kept as freetoken_kernels.quant's int4."""
 from __future__ import annotations
 
 import torch

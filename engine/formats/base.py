@@ -1,9 +1,9 @@
 """What every quantized-checkpoint format shares: the Scheme interface (which checkpoint tensors
-make up one weight, and how to unpack them into kernels.quant's layout), int32 bit unpacking,
+make up one weight, and how to unpack them into freetoken_kernels.quant's layout), int32 bit unpacking,
 and fusing the gate and up weights of an expert into its gate_up slot weight.
 
 A weight W [N, K] (N output features, K input features) unpacks to QParts, the tuple
-(q, s, z, block) that kernels.quant.quantize returns: codes, scales, zero points (int formats)
+(q, s, z, block) that freetoken_kernels.quant.quantize returns: codes, scales, zero points (int formats)
 and the scale block (bn, bk). Leading dimensions (fused [E, ...] expert tensors) are kept."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import math
 import torch
 
 from engine.errors import UserError
-from kernels.quant import dequant, pack_nibbles
+from freetoken_kernels.quant import dequant, pack_nibbles
 
-QParts = tuple  # (q, s, z | None, (bn, bk)) as kernels.quant.quantize returns them
+QParts = tuple  # (q, s, z | None, (bn, bk)) as freetoken_kernels.quant.quantize returns them
 
 
 class Scheme:
@@ -22,7 +22,7 @@ class Scheme:
     suffix of the weight it belongs to ("X.qweight" -> "X.weight"); a tensor named like the weight
     itself (fp8's "X.weight") is the part None."""
     method = ""                       # quant_method in config.json
-    fmt = ""                          # the kernels.quant format its experts are kept in
+    fmt = ""                          # the freetoken_kernels.quant format its experts are kept in
     parts: dict[str, str] = {}
 
     def __init__(self, qc: dict):
@@ -36,7 +36,7 @@ class Scheme:
         return name, None
 
     def unpack(self, name: str, t: dict) -> QParts:
-        """The parts {suffix: tensor} of weight `name` -> QParts in kernels.quant's layout."""
+        """The parts {suffix: tensor} of weight `name` -> QParts in freetoken_kernels.quant's layout."""
         raise NotImplementedError
 
 
@@ -66,7 +66,7 @@ def scale_groups(what: str, scales: torch.Tensor, dim: int, k: int, name: str) -
 
 def fp8_parts(what: str, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int] | None) -> QParts:
     """e4m3 w [..., N, K] and its scales `what` s, one per (bn, bk) block (None: one per tensor,
-    stored in any shape) -> QParts of kernels.quant's fp8 (float32 scales)."""
+    stored in any shape) -> QParts of freetoken_kernels.quant's fp8 (float32 scales)."""
     n, k = w.shape[-2:]
     bn, bk = block or (n, k)
     want = (*w.shape[:-2], math.ceil(n / bn), math.ceil(k / bk))
@@ -89,7 +89,7 @@ def unpack_int32(t: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
 
 
 def codes_to_q(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Integer codes [..., N, K] -> kernels.quant's q: uint8, two 4-bit codes a byte along K."""
+    """Integer codes [..., N, K] -> freetoken_kernels.quant's q: uint8, two 4-bit codes a byte along K."""
     codes = codes.to(torch.uint8)
     return pack_nibbles(codes) if bits == 4 else codes.contiguous()
 
@@ -112,7 +112,7 @@ def fuse_gate_up(gate: QParts, up: QParts, name: str) -> QParts:
 
 
 def dequant_parts(fmt: str, p: QParts) -> torch.Tensor:
-    """QParts with any leading dimensions -> float32 W [..., N, K] (kernels.quant.dequant)."""
+    """QParts with any leading dimensions -> float32 W [..., N, K] (freetoken_kernels.quant.dequant)."""
     q, s, z, block = p
     lead = q.shape[:-2]
     flat = [t.reshape(-1, *t.shape[-2:]) if t is not None else None for t in (q, s, z)]

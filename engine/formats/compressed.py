@@ -9,8 +9,8 @@ with weight_scale [N, K / group] (strategy group), [N, 1] (channel), one value (
 [ceil(N / bn), ceil(K / bk)] (block, FP8 only), and for asymmetric int weights weight_zero_point
 (pack-quantized: int32 [ceil(N * bits / 32), K / group] packed the same way along N; else, and
 in older files, int8 [N, K / group], signed). W = (code - zero_point) * scale, or weight * scale
-for FP8. With codes and zero points offset by 2 ** (bits - 1), these are kernels.quant's unsigned
-int4 / int8 codes and zero points; FP8 weights are kernels.quant's fp8 as they are.
+for FP8. With codes and zero points offset by 2 ** (bits - 1), these are freetoken_kernels.quant's unsigned
+int4 / int8 codes and zero points; FP8 weights are freetoken_kernels.quant's fp8 as they are.
 Activation quantization (input_activations: int8 / FP8 per token, or a static input_scale) is not
 applied: activations stay in the conversion's dtype, as transformers computes them when it
 decompresses such a checkpoint."""

@@ -3,7 +3,7 @@ float8_e4m3fn W [N, K] plus `weight_scale_inv` [ceil(N / bn), ceil(K / bk)], one
 e8m0) scale per block of `weight_block_size` = [bn, bk], dequantized as W * scale (despite the
 name, the scale multiplies). No `weight_block_size`: one scale for the whole tensor. Modules in
 `modules_to_not_convert` are plain bf16 tensors without a scale and are read as such.
-This is kernels.quant's fp8 layout with float32 scales: experts are kept as stored."""
+This is freetoken_kernels.quant's fp8 layout with float32 scales: experts are kept as stored."""
 from __future__ import annotations
 
 import torch

@@ -6,7 +6,7 @@
 dequantized as W[n, k] = scales[g, n] * (code[k, n] - zero[g, n]), g = k // group. The original
 `checkpoint_format: gptq` stores each zero point minus one (read back as stored + 1);
 `gptq_v2` stores it as is. Symmetric checkpoints (`sym: true`) carry the zero 2 ** (bits - 1)
-like any other. Bits 4 and 8 map to kernels.quant's int4 / int8 with z per group."""
+like any other. Bits 4 and 8 map to freetoken_kernels.quant's int4 / int8 with z per group."""
 from __future__ import annotations
 
 import torch

@@ -6,7 +6,7 @@ W [..., N, K] is stored as two tensors beside its name,
 (transformers' convert_moe_packed_tensors reads them the same way before transposing to
 gpt-oss's [E, K, N] parameters). Fused expert tensors keep their leading expert axis; a
 qwen3_moe-shaped checkpoint stores `mlp.experts.gate_up_proj_blocks` [E, 2I, H / 32, 16] (gate
-rows first) and `down_proj_blocks` [E, H, I / 32, 16]. This is kernels.quant's mxfp4 layout."""
+rows first) and `down_proj_blocks` [E, H, I / 32, 16]. This is freetoken_kernels.quant's mxfp4 layout."""
 from __future__ import annotations
 
 from engine.formats.base import QParts, Scheme, check_shape, need

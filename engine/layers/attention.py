@@ -9,7 +9,7 @@ from engine.kv.batch import ForwardBatch
 from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rope import apply_rope
 from engine.models.base import ModelConfig
-from kernels import ref
+from freetoken_kernels import ref
 
 
 class RMSNorm(nn.Module):
@@ -80,7 +80,7 @@ class Attention(nn.Module):
         # the window of the chunk's end are the pool's dummy page (engine.kv.paged.SlidingPool)
         chunk = self.window is not None and max(batch.q_lens) > 1
         if x.is_cuda and self.fused_prologue and not chunk:
-            from kernels.attention_triton import qkv_rope_write
+            from freetoken_kernels.attention_triton import qkv_rope_write
             head = self.qk_norm == "head"
             q = qkv_rope_write(self.qkv_proj(x), self.q_norm.weight if head else None,
                                self.k_norm.weight if head else None, self.q_norm.eps if head else 0.0,
@@ -92,7 +92,7 @@ class Attention(nn.Module):
             kv.write(self.layer, k, v, slots)
         sinks = getattr(self, "sinks", None)
         if q.is_cuda and max(batch.q_lens) == 1:
-            from kernels.attention_triton import paged_decode_attention
+            from freetoken_kernels.attention_triton import paged_decode_attention
             o = paged_decode_attention(q, kv.k[self.layer], kv.v[self.layer], table,
                                        batch.ctx_lens_t, self.d ** -0.5, self.window, sinks)
         else:

@@ -3,7 +3,7 @@
 the Triton attention prologue).
 At decode each tiny op is a ~2 us kernel launch; torch.compile turns the function into one or
 two kernels. Other devices run the plain function, which stays the reference. (Norms are plain
-Triton kernels, kernels.norm_triton: Dynamo traces every compiled region again in each new
+Triton kernels, freetoken_kernels.norm_triton: Dynamo traces every compiled region again in each new
 process, which a cold start pays.)"""
 from __future__ import annotations
 

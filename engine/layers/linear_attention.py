@@ -18,7 +18,7 @@ from torch import nn
 from engine.kv.batch import ForwardBatch
 from engine.layers.norm import gated_rms_norm
 from engine.models.base import ModelConfig
-from kernels import linear_attn, ref
+from freetoken_kernels import linear_attn, ref
 
 
 class GatedDeltaNet(nn.Module):

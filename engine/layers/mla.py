@@ -4,7 +4,7 @@ Each token caches one latent row per layer: its kv_lora_rank normed latent dims 
 qk_rope_head_dim dims of its rotated key, which all heads share (576 values for DeepSeek-V3,
 instead of 128 heads of K and V). Decode absorbs the up-projection kv_b_proj = [W_UK; W_UV] per
 head: W_UK folds into each head's query, attention runs as one-head MQA over the latent rows (a
-Triton kernel on CUDA, kernels.ref.latent_attention elsewhere), and W_UV maps the attended latent
+Triton kernel on CUDA, freetoken_kernels.ref.latent_attention elsewhere), and W_UV maps the attended latent
 to the head's value. A prefill chunk decompresses its sequences' context latents into per-head K
 and V for torch SDPA, which is cheaper when many queries share one context."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from engine.kv.batch import ForwardBatch
 from engine.layers.attention import RMSNorm
 from engine.layers.rope import apply_rope
 from engine.models.base import ModelConfig
-from kernels import ref
+from freetoken_kernels import ref
 
 LORA_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: DeepSeek's default, not rms_norm_eps
 
@@ -61,7 +61,7 @@ class MLAttention(nn.Module):
             [m.qk_nope_head_dim, m.v_head_dim], dim=1)                      # [Hq, dn, C], [Hq, dv, C]
         q = torch.cat((torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1), q_pe), dim=-1)  # [T, Hq, C + R]
         if q.is_cuda:
-            from kernels.mla_triton import mla_decode_attention
+            from freetoken_kernels.mla_triton import mla_decode_attention
             o = mla_decode_attention(q, pool, batch.page_table, batch.ctx_lens_t, m.softmax_scale, m.kv_lora_rank)
         else:
             o = ref.latent_attention(q, pool, batch.page_table, batch.q_lens, batch.ctx_lens, m.softmax_scale,

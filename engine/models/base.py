@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import UserError
-from kernels.ref import SILU, ExpertAct
+from freetoken_kernels.ref import SILU, ExpertAct
 
 # spellings of the float dtypes a model computes in (config.json, --dtype) -> their name in
 # ftw.format.DTYPES, the one table of dtypes

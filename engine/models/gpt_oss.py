@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.models.base import ModelConfig, RouterSpec, common, need
-from kernels.ref import ExpertAct
+from freetoken_kernels.ref import ExpertAct
 
 RENAMES = [(r"\.mlp\.router\.", ".mlp.gate.")]
 

@@ -11,7 +11,7 @@ import torch
 from engine.errors import UserError
 from engine.moe.layout import SlotLayout, expert_bias
 from engine.moe.tables import DeviceTables, HostTables, ResidencyTables
-from kernels import ref
+from freetoken_kernels import ref
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from engine.moe.layout import expert_bias
-from kernels import ref
+from freetoken_kernels import ref
 
 
 class DeviceControl:
@@ -88,7 +88,7 @@ class DeviceControl:
     def _plan(self, ids: torch.Tensor, layer: int, route: torch.Tensor, n: int, stage=None) -> None:
         t, E = self.rt.cache.tables, self.rt.cache.n_experts
         if self.cuda:
-            from kernels.plan_triton import plan
+            from freetoken_kernels.plan_triton import plan
             plan(ids, layer, E, *t.tensors, t.clock, self.q[layer:layer + 1], route, self.victims[:n],
                  self.fetch[:n], self.counts, stage=stage)
             return
@@ -113,7 +113,7 @@ class DeviceControl:
                                           self.nfill, self.flags[0:1], self.flags[1:2], go) if signals else None)
         self._fill(layer, n, (self.fill_count, self.flags[2:3], go) if signals else None)
         if self.cuda:  # the merge sums the routes (moe_experts_auto on CUDA) and adds the CPU's part
-            from kernels.merge_triton import merge_routes
+            from freetoken_kernels.merge_triton import merge_routes
             out = rt.run_cached(x, route, weights, reduce=False)
             if not signals:
                 return merge_routes(out, x.dtype)
@@ -128,7 +128,7 @@ class DeviceControl:
     def _fill(self, layer: int, n: int, signal=None) -> None:
         base = layer * self.rt.cache.n_experts
         if self.cuda:
-            from kernels.fill_triton import fill_rows
+            from freetoken_kernels.fill_triton import fill_rows
             fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base, signal=signal)
         else:
             ref.fill_rows(self.rt.store.rows, self.rt.cache.pool, self.victims[:n], self.fetch[:n], base)

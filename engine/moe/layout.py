@@ -3,7 +3,7 @@
 The host bank of a layer is [E, slot_bytes] and the device cache is [S, slot_bytes] with the
 same layout, so a fill copies one contiguous row and lookups work on flat ids. A layout holds
 either plain float weights (entries gate_up [2I, H] and down [H, I]) or quantized ones in a
-kernels.quant format (entries gate_up.q, gate_up.s, gate_up.z, down.q, ...: codes, scales and,
+freetoken_kernels.quant format (entries gate_up.q, gate_up.s, gate_up.z, down.q, ...: codes, scales and,
 for int4/int8, zero points), and for experts with biases (gpt-oss) float32 gate_up_bias [2I] and
 down_bias [H]; `views` gives the expert functions a [S, N, K] tensor or a QWeight per weight
 either way, so the slot size, and with it how many experts a budget holds, follows the format."""
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ftw.format import DTYPES, dtype_name
-from kernels.quant import QWeight
+from freetoken_kernels.quant import QWeight
 
 ALIGN = 4096  # keeps rows page-aligned for direct I/O and wide copies
 WEIGHTS = ("gate_up", "down")
@@ -27,7 +27,7 @@ def bias_specs(hidden: int, inter: int) -> list[tuple[str, torch.dtype, tuple[in
 
 
 def expert_bias(views: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(gate_up bias [N, 2I], down bias [N, H]) of slot views (kernels.ref.ExpertBias); None
+    """(gate_up bias [N, 2I], down bias [N, H]) of slot views (freetoken_kernels.ref.ExpertBias); None
     for experts without biases."""
     return (views["gate_up_bias"], views["down_bias"]) if "gate_up_bias" in views else None
 
@@ -36,7 +36,7 @@ def expert_bias(views: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
 class SlotLayout:
     entries: tuple[tuple[str, str, tuple[int, ...], int], ...]  # name, dtype, shape, byte offset
     slot_bytes: int
-    fmt: str | None = None                                      # kernels.quant format; None = float
+    fmt: str | None = None                                      # freetoken_kernels.quant format; None = float
     blocks: tuple[tuple[str, tuple[int, int]], ...] = ()        # quantized weight -> (bn, bk)
 
     @staticmethod
@@ -56,7 +56,7 @@ class SlotLayout:
     @staticmethod
     def for_qweights(fmt: str, parts: dict[str, tuple], bias: bool = False) -> "SlotLayout":
         """The layout of one expert's quantized weights {"gate_up": (q, s, z, block), "down": ...},
-        each part as kernels.quant.quantize returns it (no slot axis), and float32 biases."""
+        each part as freetoken_kernels.quant.quantize returns it (no slot axis), and float32 biases."""
         specs = [(f"{w}.{p}", t.dtype, tuple(t.shape)) for w in WEIGHTS
                  for p, t in zip("qsz", parts[w][:3]) if t is not None]
         hidden, inter = parts["down"][0].shape[0], parts["gate_up"][0].shape[0] // 2

@@ -54,7 +54,7 @@ class Uniform:
         T, K = ids.shape
         if ids.device.type == "cpu":
             return torch.rand(T, self.n, generator=self.gen).topk(K, dim=-1).indices
-        from kernels.router_triton import route
+        from freetoken_kernels.router_triton import route
         if T * self.layers * self.n > self.STEP_DRAWS:
             return route(torch.rand(T, self.n, device=ids.device), K, "sigmoid", False, 1.0)[1]
         if layer == 0:

@@ -10,9 +10,9 @@ from engine.models.base import RouterSpec
 
 def route(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None):
     """logits [T, E] -> (weights [T, K] in logits' dtype, expert ids [T, K] int64); on CUDA one
-    Triton launch (kernels.router_triton), elsewhere the reference below."""
+    Triton launch (freetoken_kernels.router_triton), elsewhere the reference below."""
     if logits.is_cuda:
-        from kernels.router_triton import route as route_kernel
+        from freetoken_kernels.router_triton import route as route_kernel
         return route_kernel(logits, spec.top_k, spec.scoring, spec.norm_topk_prob, spec.scaling, bias,
                             spec.n_group, spec.topk_group, spec.group_score)
     return route_ref(logits, spec, bias)

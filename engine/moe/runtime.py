@@ -16,8 +16,8 @@ from engine.moe.policy import MissPolicy
 from engine.moe.prefill import SMALL_GROUP_ROUTES, LayerStreamer
 from engine.moe.qstar import QStar
 from engine.moe.store import HostExpertStore
-from kernels import ref
-from kernels.ref import SILU, ExpertAct
+from freetoken_kernels import ref
+from freetoken_kernels.ref import SILU, ExpertAct
 
 # A prefill chunk whose layer step routes at most this many tokens per expert on average runs
 # like decode: the CPU stays memory-bound there, so the bandwidth split still applies.
@@ -38,7 +38,7 @@ class ExpertRuntime:
         self._read_ahead = False  # _resident was read before this forward (before_forward)
         self.streamer = LayerStreamer(self, prefill_mode)
         if cache.pool.is_cuda:  # decode-sized batches run the Triton GEMV kernel; a layer step's
-            from kernels.moe_triton import moe_experts_auto  # routes meet at most E slots
+            from freetoken_kernels.moe_triton import moe_experts_auto  # routes meet at most E slots
             self._experts = functools.partial(moe_experts_auto, experts=cache.n_experts)
 
     @property
@@ -47,7 +47,7 @@ class ExpertRuntime:
         cpu_threads workers, else the machine profile's count for the experts' format."""
         if self._cpu is None:
             from engine.profile import default_threads
-            from kernels.cpu_executor import CPUExecutor
+            from freetoken_kernels.cpu_executor import CPUExecutor
             self._cpu = CPUExecutor(self.cpu_threads or default_threads(self.store.layout.dtype))
         return self._cpu
 

@@ -2,7 +2,7 @@
 the recency that picks victims. One interface (ResidencyTables), two implementations:
 HostTables, Python lists for the eager path, and DeviceTables, int64 tensors on the device that
 the graph path's plan kernel updates without a host sync. Both make the decisions of
-kernels.ref.plan."""
+freetoken_kernels.ref.plan."""
 from __future__ import annotations
 
 import itertools
@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from kernels import ref
+from freetoken_kernels import ref
 
 
 @runtime_checkable
@@ -51,7 +51,7 @@ def distinct(ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
 
 
 class HostTables:
-    """The semantics of kernels.ref.plan with Python work per distinct expert of a layer step
+    """The semantics of freetoken_kernels.ref.plan with Python work per distinct expert of a layer step
     (its routes are mapped with tensor ops, so a long prefill chunk costs little). An ordered LRU
     replaces the sort over last_use: slots touched in one step move to the end in slot order,
     which is exactly the (last_use, slot) order the reference sorts by; cold fills move to the
@@ -123,7 +123,7 @@ class HostTables:
     def plan(self, ids: torch.Tensor, base: int, q: float, cold: bool = False):
         """ids [T, K] (CPU) expert ids of the layer whose flat ids start at `base` (-1: routed
         elsewhere) -> (route slots [T*K] with -1 = CPU or elsewhere, victim slots, fetched expert
-        ids, hits, misses). cold: the fills enter as least recently used (see kernels.ref.plan)."""
+        ids, hits, misses). cold: the fills enter as least recently used (see freetoken_kernels.ref.plan)."""
         self.clock += 1
         experts, routes = distinct(ids)
         uniq = [base + e for e in experts.tolist()]

@@ -12,12 +12,12 @@ pack() { tar czf $out/g29.tgz -C $w . ; }
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $w/log.txt; }; left() { echo $(( 540 - ($(date +%s) - t0) )); }
 V="d4 d8 d16"
 for v in $V; do for tr in "" t; do
-  t=/tmp/$tr$v; mkdir -p $t; cp -r kernels engine ftw freetoken_cli pyproject.toml $t/
-  sed -i "s/ + 4096/ + $(( ${v#d} * 1024 ))/" $t/kernels/csrc/cpu_moe.cpp
+  t=/tmp/$tr$v; mkdir -p $t; cp -r freetoken_kernels engine ftw freetoken_cli pyproject.toml $t/
+  sed -i "s/ + 4096/ + $(( ${v#d} * 1024 ))/" $t/freetoken_kernels/csrc/cpu_moe.cpp
   [ -n "$tr" ] && (cd $t && patch -s -p1 < $d/next/trace2.patch)
 done; done
-for t in /tmp/d4 /tmp/d8 /tmp/d16 /tmp/td4 /tmp/td8 /tmp/td16; do echo "$t: $(grep -c ' + 4096' $t/kernels/csrc/cpu_moe.cpp) at 4096, $(grep -c ' + 8192' $t/kernels/csrc/cpu_moe.cpp) at 8192, $(grep -c ' + 16384' $t/kernels/csrc/cpu_moe.cpp) at 16384"; done | tee $w/variants.txt
-for t in d4 d8 d16 td4 td8 td16; do (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout -s ABRT 150 python3 -c "from kernels.cpu_executor import CPUExecutor; CPUExecutor(2).close()") >> $w/build.txt 2>&1 & done; wait; el built
+for t in /tmp/d4 /tmp/d8 /tmp/d16 /tmp/td4 /tmp/td8 /tmp/td16; do echo "$t: $(grep -c ' + 4096' $t/freetoken_kernels/csrc/cpu_moe.cpp) at 4096, $(grep -c ' + 8192' $t/freetoken_kernels/csrc/cpu_moe.cpp) at 8192, $(grep -c ' + 16384' $t/freetoken_kernels/csrc/cpu_moe.cpp) at 16384"; done | tee $w/variants.txt
+for t in d4 d8 d16 td4 td8 td16; do (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout -s ABRT 150 python3 -c "from freetoken_kernels.cpu_executor import CPUExecutor; CPUExecutor(2).close()") >> $w/build.txt 2>&1 & done; wait; el built
 dec() {  # tree i
   [ $(left) -gt 35 ] || { el skip $1 $2; return 1; }
   el decode $1 $2

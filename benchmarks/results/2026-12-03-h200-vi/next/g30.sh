@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # g30 (prepared, not run; issue 20): the router's linear layer and its top-k in one launch at decode
-# (next/fused_router.patch: kernels.router_triton.route_linear, each program one expert's logits for every token, the
+# (next/fused_router.patch: freetoken_kernels.router_triton.route_linear, each program one expert's logits for every token, the
 # last one routing; MoEBlock.route takes it on CUDA for up to 8 tokens). GPU tests of the patched tree, the router
 # alone (router_bench.py: GEMM + route kernel against route_linear per block_e x num_warps, in a CUDA graph), then
 # decode against main, alternating: every expert resident (bf16, 16 GiB) and int4 adaptive at 1152 MiB, uniform.
@@ -11,7 +11,7 @@ out=$1; w=/tmp/g30; mkdir -p $w; d=$PWD/benchmarks/results/2026-12-03-h200-vi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 pack() { tar czf $out/g30.tgz -C $w . ; }
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $w/log.txt; }; left() { echo $(( 540 - ($(date +%s) - t0) )); }
-for t in main fr; do mkdir -p /tmp/$t; cp -r kernels engine ftw freetoken_cli tests pyproject.toml /tmp/$t/; done
+for t in main fr; do mkdir -p /tmp/$t; cp -r freetoken_kernels engine ftw freetoken_cli tests pyproject.toml /tmp/$t/; done
 (cd /tmp/fr && patch -p1 < $d/next/fused_router.patch) > $w/patch.txt 2>&1
 (cd /tmp/fr && timeout -s ABRT 60 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernels.py -k router 2>&1 | tail -3
  timeout -s ABRT 150 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py tests/test_parity.py 2>&1 | tail -5) > $w/tests.txt

@@ -5,7 +5,7 @@ python3 router_bench.py"""
 import statistics
 import torch
 import torch.nn.functional as F
-from kernels.router_triton import FUSED_MAX_T, route, route_linear
+from freetoken_kernels.router_triton import FUSED_MAX_T, route, route_linear
 
 H, E, K = 2048, 128, 8
 dev = "cuda"

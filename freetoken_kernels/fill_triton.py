@@ -1,7 +1,7 @@
 """Expert fills as a kernel: copy host-store rows straight into cache slots over UVA (the store
 is pinned and mapped), with the rows and slots read from device tensors the plan kernel wrote,
 so a CUDA graph can fill data-dependent misses without the host. Same semantics as
-kernels.ref.fill_rows."""
+freetoken_kernels.ref.fill_rows."""
 from __future__ import annotations
 
 import torch

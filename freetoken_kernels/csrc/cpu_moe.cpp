@@ -1,17 +1,17 @@
 // CPU expert executor: a persistent pool of worker threads computing routed expert FFNs with the
-// semantics of kernels/ref.py::moe_experts, reading weights straight from host expert banks.
+// semantics of freetoken_kernels/ref.py::moe_experts, reading weights straight from host expert banks.
 // Plain C ABI loaded with ctypes: no torch/Python headers, so the first build takes seconds and
 // ctypes releases the GIL during every call. One build holds every SIMD path (function-level
 // targets); the Python side picks the path at run time from ftmoe_cpu_features().
 //
-// A bank holds plain fp32/bf16/fp16 matrices, or quantized ones in the layout of kernels/quant.py
+// A bank holds plain fp32/bf16/fp16 matrices, or quantized ones in the layout of freetoken_kernels/quant.py
 // (codes, block scales, zero points), whose rows are dequantized in registers, and optionally a
 // float32 bias per expert and row; every path accumulates in fp32.
 //
 // A job runs in two phases over the pool's threads, with a barrier between them:
 //   1. units (expert, block of r1 intermediate rows): h[route, j] = act(gate_j . x + bg_j, up_j . x + bu_j)
 //   2. units (block of R2 output rows): out[t, r] = sum over routes of w * (down_r . h[route] + bd_r)
-// with act the gated activation of kernels/ref.py::ExpertAct (SwiGLU, or gpt-oss's clamped one).
+// with act the gated activation of freetoken_kernels/ref.py::ExpertAct (SwiGLU, or gpt-oss's clamped one).
 // At batch 1 this splits each expert's rows across all threads (a GEMV streaming the weights);
 // phase 2 partitions out by rows, so there are no write races and no reduction step. The thread
 // that completes the last phase-2 unit retires the job: a worker that woke late, or was
@@ -68,7 +68,7 @@ inline const float* bias(const Mat& m, int64_t e) {
   return m.b ? reinterpret_cast<const float*>(m.b + e * m.sb) : nullptr;
 }
 
-// The gated activation (kernels/ref.py::ExpertAct): g * sigmoid(alpha g) * (u + shift), g clamped
+// The gated activation (freetoken_kernels/ref.py::ExpertAct): g * sigmoid(alpha g) * (u + shift), g clamped
 // from above and u on both sides at limit (infinite: no clamp; alpha 1, shift 0: SwiGLU).
 struct ExpertAct {
   float alpha, limit, shift;

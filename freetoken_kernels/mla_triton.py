@@ -1,4 +1,4 @@
-"""MLA decode attention (Triton): kernels.ref.latent_attention for one new token per sequence.
+"""MLA decode attention (Triton): freetoken_kernels.ref.latent_attention for one new token per sequence.
 
 With the up-projections absorbed, every query head attends over the same cached latent rows
 (kv_lora_rank latent dims C, then the rope key's R dims), and the latents are also the values.
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_triton import LOG2E, combine_splits
+from freetoken_kernels.attention_triton import LOG2E, combine_splits
 
 
 @triton.jit

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels.quant import QWeight
+from freetoken_kernels.quant import QWeight
 
 # cuDNN's attention builds a graph for every new (query, key) length it meets, 0.04-1.4 s each on
 # an H200, so every prompt of a new length would pay it; the other fused kernels need no build
@@ -40,7 +40,7 @@ def act_and_mul(gate_up: torch.Tensor, act: ExpertAct = SILU) -> torch.Tensor:
 
 
 def expert_weight(w: torch.Tensor | QWeight, slot: int, dtype: torch.dtype) -> torch.Tensor:
-    """One slot's weight [N, K] in `dtype`: a quantized one dequantized (kernels.quant), then cast."""
+    """One slot's weight [N, K] in `dtype`: a quantized one dequantized (freetoken_kernels.quant), then cast."""
     return (w.dequant(slot) if isinstance(w, QWeight) else w[slot]).to(dtype)
 
 

@@ -1,8 +1,8 @@
 """CPU expert executor: the routed expert FFNs of the CPU routes, computed by a persistent pool of
-C++ worker threads straight from the host expert banks (kernels/csrc/cpu_moe.cpp), with the
-semantics of kernels.ref.moe_experts. A bank is a tensor [E, N, K] (fp32/bf16/fp16) or a
-kernels.quant.QWeight (int4, int8, fp8, mxfp4), dequantized in registers, with optional float32
-biases and a gated activation (kernels.ref.ExpertAct). The library is built on
+C++ worker threads straight from the host expert banks (freetoken_kernels/csrc/cpu_moe.cpp), with the
+semantics of freetoken_kernels.ref.moe_experts. A bank is a tensor [E, N, K] (fp32/bf16/fp16) or a
+freetoken_kernels.quant.QWeight (int4, int8, fp8, mxfp4), dequantized in registers, with optional float32
+biases and a gated activation (freetoken_kernels.ref.ExpertAct). The library is built on
 first use with torch's extension builder and called through ctypes (which releases the GIL); where
 it cannot be built, one line on stderr says why and a plain-torch path gives the same result."""
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import torch
 
-from kernels import ref
-from kernels.quant import FORMATS, QWeight
-from kernels.ref import SILU, ExpertAct, ExpertBias
+from freetoken_kernels import ref
+from freetoken_kernels.quant import FORMATS, QWeight
+from freetoken_kernels.ref import SILU, ExpertAct, ExpertBias
 
 _SRC = Path(__file__).with_name("csrc") / "cpu_moe.cpp"
 # cpu_moe.cpp Fmt codes: of plain weights and of scales, of quantized formats, of mxfp4's scales
@@ -132,7 +132,7 @@ class _Mat(ctypes.Structure):
 
 
 class _ExpertAct(ctypes.Structure):
-    """cpu_moe.cpp's ExpertAct: kernels.ref.ExpertAct, an infinite limit for none."""
+    """cpu_moe.cpp's ExpertAct: freetoken_kernels.ref.ExpertAct, an infinite limit for none."""
     _fields_ = [("alpha", ctypes.c_float), ("limit", ctypes.c_float), ("shift", ctypes.c_float)]
 
 
@@ -156,7 +156,7 @@ def _parts(w) -> list[torch.Tensor]:
 
 
 def _qweight_ok(w: QWeight) -> bool:
-    """The parts' dtypes and shapes are those kernels/quant.py defines for w's format and block."""
+    """The parts' dtypes and shapes are those freetoken_kernels/quant.py defines for w's format and block."""
     if w.fmt not in FORMATS:
         return False
     S, N, K = w.shape
@@ -189,7 +189,7 @@ def _check_banks(wgu, wd, H: int | None = None, bias: ExpertBias | None = None) 
         (isinstance(wd, QWeight) == quant and (all(map(_qweight_ok, (wgu, wd))) if quant else
                                                wgu.dtype in _DTYPES and wd.dtype == wgu.dtype),
          "the banks must be fp32/bf16/fp16 tensors of one dtype, "
-         "or two QWeights laid out as kernels/quant.py says"),
+         "or two QWeights laid out as freetoken_kernels/quant.py says"),
         (all(t.stride(2) == 1 and t.stride(1) == t.shape[2] and t.stride(0) >= t.stride(1) * t.shape[1]
              for t in parts), "banks need contiguous [rows, cols] per expert")]:
         if not ok:
@@ -404,7 +404,7 @@ def expert_bytes(fmt: str, shape: tuple[int, int] = (2048, 768), group: int = 12
 def expert_gbps(fmt: str, threads: int | None = None, seconds: float = 1.0, bank_bytes: int = 1 << 30,
                 shape: tuple[int, int] = (2048, 768), group: int = 128, backend: str | None = None,
                 tokens: int = 1) -> float:
-    """B_H of one weight format (fp32, bf16, fp16 or a kernels.quant format): GB/s of expert bytes
+    """B_H of one weight format (fp32, bf16, fp16 or a freetoken_kernels.quant format): GB/s of expert bytes
     that the executor with `threads` threads reads, in jobs of `tokens` tokens (1: batch 1) that
     all route to the same 8 distinct experts of shape (hidden, moe_intermediate), cycling through
     bank_bytes of experts (make that exceed the CPU caches), timed by the executor's own clock

@@ -1,4 +1,4 @@
-"""Paged decode attention (Triton): kernels.ref.paged_attention for one new token per sequence.
+"""Paged decode attention (Triton): freetoken_kernels.ref.paged_attention for one new token per sequence.
 
 Split-KV ("flash decoding"): program (b, kv head j, split) runs an online softmax over its share
 of the sequence's tokens for the G = Hq/Hkv query heads of kv head j together (one tl.dot per
@@ -156,7 +156,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                            n_split: int | None = None, block_n: int = 64) -> torch.Tensor:
     """q [B, Hq, D]; k_pool, v_pool [P, page, Hkv, D]; page_table [B, max_pages] int32;
     ctx_lens [B] int32 on q's device (never read on the host); window and sinks [Hq] as
-    kernels.ref.paged_attention has them -> [B, Hq, D] in q's dtype."""
+    freetoken_kernels.ref.paged_attention has them -> [B, Hq, D] in q's dtype."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_pool.shape
     assert Hq % Hkv == 0 and q.stride(2) == k_pool.stride(3) == v_pool.stride(3) == 1

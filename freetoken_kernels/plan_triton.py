@@ -1,4 +1,4 @@
-"""Device-resident expert-cache control (Triton): kernels.ref.plan in ONE single-program launch.
+"""Device-resident expert-cache control (Triton): freetoken_kernels.ref.plan in ONE single-program launch.
 
 Reads and updates the residency tables, clock and q on the device, so a decode step never
 syncs with the host. Routes are deduplicated and misses ranked by pairwise comparison of the

@@ -1,4 +1,4 @@
-"""Prefill routed-expert FFN over the slots (Triton): kernels.ref.moe_experts for many routes,
+"""Prefill routed-expert FFN over the slots (Triton): freetoken_kernels.ref.moe_experts for many routes,
 as grouped GEMMs over the routes sorted by slot, for quantized and plain experts alike.
 
 A program takes up to BLOCK_M routes of one slot and a block of output rows, dequantizes the
@@ -6,7 +6,7 @@ weight tiles in registers exactly as QWeight.dequant does, rounds them to x's dt
 reference's W) and multiplies on the tensor cores (tl.dot, fp32 accumulation). A computes
 h = act(x Wg^T + bg, x Wu^T + bu) per route in x's dtype, B weights[t, k] * (h Wd^T + bd) per
 route in fp32, summed over k in a fixed order (deterministic, no atomics). Routes of slot -1
-contribute 0. act is kernels.ref.ExpertAct; the biases are optional.
+contribute 0. act is freetoken_kernels.ref.ExpertAct; the biases are optional.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.quant import QWeight
-from kernels.ref import SILU, ExpertAct, ExpertBias
+from freetoken_kernels.quant import QWeight
+from freetoken_kernels.ref import SILU, ExpertAct, ExpertBias
 
 
 @triton.jit
@@ -31,7 +31,7 @@ def e2m1(c, P: tl.constexpr):
 
 @triton.jit
 def gated(g, u, alpha, limit, shift, CLAMP: tl.constexpr):
-    """kernels.ref.ExpertAct in fp32: g * sigmoid(alpha g) * (u + shift), g and u clamped at
+    """freetoken_kernels.ref.ExpertAct in fp32: g * sigmoid(alpha g) * (u + shift), g and u clamped at
     limit first when CLAMP (alpha 1, shift 0, no CLAMP: silu(g) * u)."""
     if CLAMP:
         g = tl.minimum(g, limit)

@@ -1,12 +1,12 @@
-"""Decode-time routed-expert FFN (Triton): the semantics of kernels.ref.moe_experts for small T.
+"""Decode-time routed-expert FFN (Triton): the semantics of freetoken_kernels.ref.moe_experts for small T.
 
 Two memory-bound GEMV kernels read each expert's weights straight from the slot pool (strided
 views, never copied): A computes the activated intermediate h[r] = act(x Wg^T + bg, x Wu^T + bu)
 per route r = (t, k) into a [T*K, I] fp32 buffer, B computes weights[t, k] * (h[r] Wd^T + bd) per
 route into [T*K, H] fp32 partials, summed over k in a fixed order (deterministic, no atomics).
-act is kernels.ref.ExpertAct (SwiGLU, or gpt-oss's clamped one); the biases are optional.
+act is freetoken_kernels.ref.ExpertAct (SwiGLU, or gpt-oss's clamped one); the biases are optional.
 A weight is a plain [S, N, K] tensor, rounded to x's dtype as the reference does, or a QWeight
-(kernels/quant.py) dequantized in registers (not rounded: at least as exact as the reference);
+(freetoken_kernels/quant.py) dequantized in registers (not rounded: at least as exact as the reference);
 every product is accumulated in fp32.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import ref
-from kernels.moe_gemm_triton import act_args, bias_args, e2m1, gated, moe_experts_gemm
-from kernels.quant import FORMATS, QWeight, quantize
-from kernels.ref import SILU, ExpertAct, ExpertBias
+from freetoken_kernels import ref
+from freetoken_kernels.moe_gemm_triton import act_args, bias_args, e2m1, gated, moe_experts_gemm
+from freetoken_kernels.quant import FORMATS, QWeight, quantize
+from freetoken_kernels.ref import SILU, ExpertAct, ExpertBias
 
 _MX = tl.constexpr(2.0 ** 63)      # mxfp4: x is scaled by it, the block scale by 2**63 / 2**126
 _F23 = 0x4B000000                  # the bits of the float 2**23 (_at)
@@ -233,7 +233,7 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight, w_down: torc
                 num_warps: int | None = None) -> torch.Tensor:
     """x [T, H]; w_gate_up [S, 2I, H], w_down [S, H, I]: slot-strided views (inner dims
     contiguous) or QWeights of such views; slots [T, K] (-1 = elsewhere); weights [T, K]; act
-    and bias as kernels.ref.moe_experts takes them -> [T, H] float32 (without reduce: the
+    and bias as freetoken_kernels.ref.moe_experts takes them -> [T, H] float32 (without reduce: the
     weighted routes [T, K, H], for a consumer that sums them itself). blocks = (BLOCK_I,
     BLOCK_H) of kernel A, (BLOCK_O, BLOCK_I) of kernel B and num_warps (each by default: BLOCKS
     of the gate_up format)."""
@@ -279,7 +279,7 @@ def _slot_views(S: int, parts: list[tuple[tuple[int, ...], torch.dtype]], device
                align: int = 256) -> list[torch.Tensor]:
     """Views [S, *shape] of each (shape, dtype) part into one uint8 pool of S slot rows, each
     part `align`-byte aligned and every row padded by `align` bytes: the slot cache's byte-row
-    layout (engine.moe.layout, which kernels/ does not import), for the benchmarks."""
+    layout (engine.moe.layout, which freetoken_kernels/ does not import), for the benchmarks."""
     sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in parts]
     offs = [sum(-(-n // align) * align for n in sizes[:i]) for i in range(len(parts) + 1)]
     pool = torch.zeros(S, offs[-1] + align, dtype=torch.uint8, device=device)

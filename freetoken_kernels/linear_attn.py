@@ -1,6 +1,6 @@
 """Gated-delta-rule kernels for Gated DeltaNet layers: flash-linear-attention's Triton kernels
 (the optional `flash-linear-attention` package) on CUDA when it imports and the values are in
-half precision, else the plain-torch references of kernels/ref.py, which are also the CPU path:
+half precision, else the plain-torch references of freetoken_kernels/ref.py, which are also the CPU path:
 FLA's matrix products run in TF32 for fp32 inputs (~1e-3 relative), so an fp32 model, the
 exact path the parity tests hold to 1e-4 of transformers, keeps the references. Same arguments
 and results as ref.gated_delta_chunked (one sequence) and ref.gated_delta_step (one token per
@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from kernels import ref
+from freetoken_kernels import ref
 
 
 @functools.cache
