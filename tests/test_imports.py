@@ -68,6 +68,16 @@ def test_cycle_finder():
     assert cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_no_other_installed_distribution_has_our_package_names():
+    """Another distribution's top-level package of the same name shadows ours or is shadowed by it,
+    and installing one overwrites the other's files (transformers 5.25 brought the hub's `kernels`,
+    which our kernel package was called until then)."""
+    from importlib.metadata import packages_distributions
+    owners = packages_distributions()
+    clashes = {p: sorted(set(owners.get(p, ())) - {"freetoken"}) for p in PACKAGES}
+    assert not any(clashes.values()), clashes
+
+
 def test_loading_a_model_on_the_cpu_does_not_import_dynamo(tiny_model):
     """torch._dynamo (~900 modules, seconds at a cold start) stays out of a load: building the model
     on the meta device once pulled it in through the embedding's random init."""
