@@ -9,7 +9,7 @@ out=$1; w=/tmp/g24; mkdir -p $w; d=$PWD/benchmarks/results/2026-12-03-h200-vi
 export PYTHONUNBUFFERED=1 FT_PHASES=1
 V="16 64 128 256"
 for v in $V; do
-  t=/tmp/t_r$v; mkdir -p $t; cp -r freetoken_kernels engine ftw $t/; (cd $t && patch -p1 -s < $d/g21/phases.patch || echo "r$v: PATCH FAILED" >> $w/variants.txt)
+  t=/tmp/t_r$v; mkdir -p $t; cp -r freetoken_kernels engine ftw $t/; (cd $t && sed "s,\([ab]\)/kernels/,\1/freetoken_kernels/,g" $d/g21/phases.patch | patch -p1 -s || echo "r$v: PATCH FAILED" >> $w/variants.txt)
   sed -i "s/^    J->r1 = unit_rows(.*/    J->r1 = $v;/" $t/freetoken_kernels/csrc/cpu_moe.cpp
   grep -n "J->r1 = " $t/freetoken_kernels/csrc/cpu_moe.cpp | sed "s/^/r$v /" >> $w/variants.txt
 done
