@@ -2,7 +2,7 @@
 # A decode-step kernel change against main (issue 20), one device call: the GPU tests of the patched tree, its probe
 # alone, then decode against main, alternating: every expert resident (bf16, 16 GiB) and int4 adaptive at 1152 MiB,
 # uniform routing, three rounds. Builds its trees from the working tree: /tmp/main = as it is, /tmp/NAME = patched.
-# bash ab.sh OUT NAME "PATCH..." "PYTEST -k EXPRESSION" PROBE.py [both]; outputs in OUT/NAME.tgz (g30.sh to g32.sh call
+# bash ab.sh OUT NAME "PATCH..." "PYTEST -k EXPRESSION" PROBE.py [both]; outputs in OUT/NAME.tgz (g30.sh to g33.sh call
 # it); with `both` the probe runs in the patched tree and main alternately, twice each.
 set -u
 out=$1; n=$2; patches=$3; kexpr=$4; probe=$5; w=/tmp/$n-out; mkdir -p $w; d=$PWD/benchmarks/results/2026-12-03-h200-vi
@@ -11,7 +11,7 @@ pack() { tar czf $out/$n.tgz -C $w . ; }
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $w/log.txt; }; left() { echo $(( 540 - ($(date +%s) - t0) )); }
 for t in main $n; do mkdir -p /tmp/$t; cp -r freetoken_kernels engine ftw freetoken_cli tests pyproject.toml /tmp/$t/; done
 for p in $patches; do (cd /tmp/$n && patch -p1 < $d/next/$p); done > $w/patch.txt 2>&1
-(cd /tmp/$n && timeout -s ABRT 60 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernels.py -k "$kexpr" 2>&1 | tail -3
+(cd /tmp/$n && timeout -s ABRT 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernels.py -k "$kexpr" 2>&1 | tail -3
  timeout -s ABRT 150 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py tests/test_parity.py 2>&1 | tail -5) > $w/tests.txt
 cat $w/tests.txt; el tested; pack
 trees=$n; [ "${6:-}" = both ] && trees="$n main $n main"
