@@ -3,28 +3,12 @@ graph runs them: 64 calls captured in one CUDA graph, us a call (median of 20 re
 add-norm kernel (main's) against linear_add_rms_norm per (block_n, block_k, num_warps); T = 1 and 8; o_proj of
 Qwen3-30B-A3B (4096 -> 2048) and Qwen3-235B-A22B (8192 -> 4096), bf16; GB/s of the weight's bytes beside a
 device copy's. python3 linear_norm_bench.py"""
-import statistics
 import torch
 import torch.nn.functional as F
+from graph_timing import timed
 from freetoken_kernels.norm_triton import FUSED_MAX_T, add_rms_norm, linear_add_rms_norm
 
 dev = "cuda"
-
-
-def timed(fn, n=64, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / n)
-    return statistics.median(ts)
 
 
 src = torch.empty(64 << 20, dtype=torch.uint8, device=dev)

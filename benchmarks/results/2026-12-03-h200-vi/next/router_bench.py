@@ -2,29 +2,13 @@
 softmax, renormalised), as the graph runs it: 64 calls captured in one CUDA graph, us a call (median of 20
 replays), the GEMM + route kernel (main's) against route_linear at each (block_e, num_warps); T = 1 and 8.
 python3 router_bench.py"""
-import statistics
 import torch
 import torch.nn.functional as F
+from graph_timing import timed
 from freetoken_kernels.router_triton import FUSED_MAX_T, route, route_linear
 
 H, E, K = 2048, 128, 8
 dev = "cuda"
-
-
-def timed(fn, n=64, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / n)
-    return statistics.median(ts)
 
 
 torch.manual_seed(0)
