@@ -2,8 +2,8 @@
 # A decode-step kernel change against main (issue 20), one device call: the GPU tests of the patched tree, its probe
 # alone, then decode against main, alternating: every expert resident (bf16, 16 GiB) and int4 adaptive at 1152 MiB,
 # uniform routing, three rounds. Builds its trees from the working tree: /tmp/main = as it is, /tmp/NAME = patched.
-# bash ab.sh OUT NAME "PATCH..." "PYTEST -k EXPRESSION" PROBE.py [both]; outputs in OUT/NAME.tgz (g30.sh to g33.sh call
-# it); with `both` the probe runs in the patched tree and main alternately, twice each.
+# bash ab.sh OUT NAME "PATCH..." "PYTEST -k EXPRESSION" "PROBE.py[:both]..."; outputs in OUT/NAME.tgz (g30.sh to g33.sh
+# call it); a probe named with :both runs in the patched tree and main alternately, twice each.
 set -u
 out=$1; n=$2; patches=$3; kexpr=$4; probe=$5; w=/tmp/$n-out; mkdir -p $w; d=$PWD/benchmarks/results/2026-12-03-h200-vi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
@@ -14,9 +14,10 @@ for p in $patches; do (cd /tmp/$n && patch -p1 < $d/next/$p); done > $w/patch.tx
 (cd /tmp/$n && timeout -s ABRT 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernels.py -k "$kexpr" 2>&1 | tail -3
  timeout -s ABRT 150 python3 -m pytest -q -x -p no:cacheprovider --engine-device cuda tests/test_graphs.py tests/test_parity.py 2>&1 | tail -5) > $w/tests.txt
 cat $w/tests.txt; el tested; pack
-trees=$n; [ "${6:-}" = both ] && trees="$n main $n main"
-for t in $trees; do (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout -s ABRT 150 python3 $d/next/$probe 2>&1 | sed "s/^/$t: /"); done \
-  | grep -v "Warn\|warn" | tee $w/probe.txt; el probe; pack
+for pr in $probe; do
+  f=${pr%:both}; trees=$n; [ "$f" != "$pr" ] && trees="$n main $n main"
+  for t in $trees; do (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout -s ABRT 150 python3 $d/next/$f 2>&1 | sed "s/^/$t $f: /"); done
+done | grep -v "Warn\|warn" | tee $w/probe.txt; el probe; pack
 dec() {  # tree fmt budget i
   [ $(left) -gt 35 ] || { el skip $1 $2 $3 $4; return 1; }
   el decode $1 $2 $3 $4; a="--quant $2"; [ $2 = bf16 ] && a=""

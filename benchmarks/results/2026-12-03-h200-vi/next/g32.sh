@@ -6,4 +6,4 @@
 # step. ab.sh: GPU tests (-k plan), the plan alone in both trees alternately (plan_bench.py: 64 launches in a CUDA
 # graph, 8 layers at 470 slots and 48 at 3300), decode against main.
 # run(command="bash benchmarks/results/2026-12-03-h200-vi/next/g32.sh $OUT"); outputs in g32.tgz
-exec bash "$(dirname "$0")/ab.sh" "$1" g32 plan_regs.patch plan plan_bench.py both
+exec bash "$(dirname "$0")/ab.sh" "$1" g32 plan_regs.patch plan plan_bench.py:both
