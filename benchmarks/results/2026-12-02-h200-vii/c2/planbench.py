@@ -2,7 +2,10 @@
 from the tree on PYTHONPATH; 48 layers, 128 experts, top-8, batch 1 and 8, q 0.5 and 1, a warm full cache of S slots."""
 import sys
 import torch
-from kernels.plan_triton import plan
+try:
+    from freetoken_kernels.plan_triton import plan
+except ImportError:  # a tree from before the package's rename
+    from kernels.plan_triton import plan
 
 tag, blocks = sys.argv[1], [int(b) for b in sys.argv[2:]] or [None]
 L, E, K, dev = 48, 128, 8, "cuda"

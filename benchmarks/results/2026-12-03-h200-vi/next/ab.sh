@@ -3,7 +3,8 @@
 # alone, then decode against main, alternating: every expert resident (bf16, 16 GiB) and int4 adaptive at 1152 MiB,
 # uniform routing, three rounds. Builds its trees from the working tree: /tmp/main = as it is, /tmp/NAME = patched.
 # bash ab.sh OUT NAME "PATCH..." "PYTEST -k EXPRESSION" "PROBE.py[:both]..."; outputs in OUT/NAME.tgz (g30.sh to g33.sh
-# call it); a probe named with :both runs in the patched tree and main alternately, twice each.
+# call it); a probe (a path from next/) gets its tree's name as its argument, and one named with :both runs in the
+# patched tree and main alternately, twice each.
 set -u
 out=$1; n=$2; patches=$3; kexpr=$4; probe=$5; w=/tmp/$n-out; mkdir -p $w; d=$PWD/benchmarks/results/2026-12-03-h200-vi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
@@ -16,7 +17,7 @@ for p in $patches; do (cd /tmp/$n && patch -p1 < $d/next/$p); done > $w/patch.tx
 cat $w/tests.txt; el tested; pack
 for pr in $probe; do
   f=${pr%:both}; trees=$n; [ "$f" != "$pr" ] && trees="$n main $n main"
-  for t in $trees; do (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout -s ABRT 150 python3 $d/next/$f 2>&1 | sed "s/^/$t $f: /"); done
+  for t in $trees; do (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout -s ABRT 150 python3 $d/next/$f $t 2>&1 | sed "s|^|$t $f: |"); done
 done | grep -v "Warn\|warn" | tee $w/probe.txt; el probe; pack
 dec() {  # tree fmt budget i
   [ $(left) -gt 35 ] || { el skip $1 $2 $3 $4; return 1; }
