@@ -11,17 +11,18 @@ import triton.language as tl
 
 
 @triton.jit
-def _norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, sx, sd, sh, eps,
-                 ADD: tl.constexpr, GATE: tl.constexpr, CENTERED: tl.constexpr, ROUND: tl.constexpr,
-                 BLOCK: tl.constexpr):
-    """d_ptr: the residual delta (ADD) or the output gate (GATE)."""
-    row = tl.program_id(0).to(tl.int64)
+def _norm_row(row, x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, sx, sd, sh, eps,
+              ADD: tl.constexpr, GATE: tl.constexpr, CENTERED: tl.constexpr, ROUND: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """One row. d_ptr: the residual delta (ADD) or the output gate (GATE), read past L1 (.cg): in
+    linear_add_rms_norm other programs wrote it just before."""
     offs = tl.arange(0, BLOCK)
     m = offs < N
     DT = x_ptr.dtype.element_ty
     x = tl.load(x_ptr + row * sx + offs, mask=m, other=0.0).to(tl.float32)
     if ADD:  # h + delta, rounded to the input dtype as torch's add is
-        x = (x + tl.load(d_ptr + row * sd + offs, mask=m, other=0.0).to(tl.float32)).to(DT).to(tl.float32)
+        d = tl.load(d_ptr + row * sd + offs, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+        x = (x + d).to(DT).to(tl.float32)
         tl.store(h_ptr + row * sh + offs, x.to(h_ptr.dtype.element_ty), mask=m)
     r = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
@@ -35,6 +36,39 @@ def _norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, sx, sd, sh, eps,
         g = tl.load(d_ptr + row * sd + offs, mask=m, other=0.0).to(tl.float32)
         y = y * (g * tl.sigmoid(g))
     tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, sx, sd, sh, eps,
+                 ADD: tl.constexpr, GATE: tl.constexpr, CENTERED: tl.constexpr, ROUND: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    _norm_row(tl.program_id(0).to(tl.int64), x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, sx, sd, sh, eps,
+              ADD, GATE, CENTERED, ROUND, BLOCK)
+
+
+@triton.jit
+def _linear_norm_kernel(a_ptr, lw_ptr, lb_ptr, x_ptr, w_ptr, mix_ptr, cnt_ptr, h_ptr, y_ptr, K, N, eps,
+                        BIAS: tl.constexpr, CENTERED: tl.constexpr, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, BLOCK: tl.constexpr):
+    """One token: mix = a @ lw.T (+ lb), BLOCK_N of its N columns a program (fp32 sums, rounded to
+    mix's dtype); the last program to finish adds mix to x and normalises it (_norm_row), then
+    re-arms the counter."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = n < N
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        mk = k < K
+        lw = tl.load(lw_ptr + n[:, None].to(tl.int64) * K + k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+        a = tl.load(a_ptr + k, mask=mk, other=0.0)
+        acc += tl.sum(lw.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
+    if BIAS:
+        acc += tl.load(lb_ptr + n, mask=mn, other=0.0).to(tl.float32)
+    tl.store(mix_ptr + n, acc.to(mix_ptr.dtype.element_ty), mask=mn)
+    tl.debug_barrier()  # every thread's stores before the one thread's release
+    if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        _norm_row(0, x_ptr, mix_ptr, w_ptr, h_ptr, y_ptr, N, 0, 0, 0, eps, True, False, CENTERED, ROUND, BLOCK)
+        tl.store(cnt_ptr, 0)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -73,3 +107,26 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x, gate [..., N] -> rms_norm(x) * silu(gate), the gate applied in fp32, in x's dtype."""
     return _launch(x, gate, weight, eps, gate=True)[1]
+
+
+def linear_add_rms_norm(x: torch.Tensor, a: torch.Tensor, lin_w: torch.Tensor, lin_b: torch.Tensor | None,
+                        weight: torch.Tensor, eps: float, centered: bool = False, scratch: tuple | None = None,
+                        block_n: int = 8, block_k: int = 1024, num_warps: int = 8):
+    """add_rms_norm(x, F.linear(a, lin_w, lin_b), weight, eps, centered) in one launch for one
+    token (decode at batch 1): x [1, N], a [1, K], lin_w [N, K]. The linear layer's sums are fp32
+    in another order than a GEMM's, so its output (and from it the rest) may differ from the
+    unfused path's by a rounding. scratch = (mix [N] in x's dtype, counter [1] int32, zero), both
+    on x's device and kept zero between calls by the kernel; None allocates them. The default
+    tiles were the fastest at T 1 for 4096 -> 2048 and 8192 -> 4096 on an H200
+    (benchmarks/RESULTS.md); at more tokens the GEMM and add_rms_norm are faster."""
+    (T, N), K = x.shape, a.shape[1]
+    assert T == a.shape[0] == 1 and lin_w.shape == (N, K) and lin_w.is_contiguous() and a.stride(1) == x.stride(1) == 1
+    mix, cnt = scratch or (torch.empty(N, dtype=x.dtype, device=x.device),
+                           torch.zeros(1, dtype=torch.int32, device=x.device))
+    out = x.dtype if centered else torch.promote_types(weight.dtype, x.dtype)
+    h, y = torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=out, device=x.device)
+    _linear_norm_kernel[(triton.cdiv(N, block_n),)](
+        a, lin_w, lin_b if lin_b is not None else lin_w, x, weight, mix, cnt, h, y, K, N, eps,
+        BIAS=lin_b is not None, CENTERED=centered, ROUND=weight.dtype == x.dtype, BLOCK_N=block_n,
+        BLOCK_K=min(block_k, triton.next_power_of_2(K)), BLOCK=triton.next_power_of_2(N), num_warps=num_warps)
+    return h, y

@@ -12,16 +12,18 @@ import triton.language as tl
 
 
 @triton.jit
-def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G, scaling, eps,
-                  SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
-                  GROUPS: tl.constexpr, TOP2: tl.constexpr,
-                  BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _route_row(t, logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G, scaling, eps,
+               SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+               GROUPS: tl.constexpr, TOP2: tl.constexpr,
+               BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Token t's k experts and weights from its row of logits."""
     gi, j = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_S)
     g = gi[:, None]
     e = g * GS + j[None, :]                                        # [BLOCK_G, BLOCK_S] expert ids
     me = (g < NG) & (j[None, :] < GS)
-    x = tl.load(logits_ptr + t * E + e, mask=me, other=-float("inf")).to(tl.float32)
+    # .cg: in the fused router other programs wrote these rows just before (their stores are ordered
+    # before this program's acquire, and L2 is where they are)
+    x = tl.load(logits_ptr + t * E + e, mask=me, other=-float("inf"), cache_modifier=".cg").to(tl.float32)
     if SIGMOID:
         s = 1.0 / (1.0 + tl.exp(-x))
     else:
@@ -62,6 +64,54 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G, sc
     tl.store(w_ptr + t * K + k, (w * scaling).to(w_ptr.dtype.element_ty), mask=mk)
 
 
+@triton.jit
+def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G, scaling, eps,
+                  SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+                  GROUPS: tl.constexpr, TOP2: tl.constexpr,
+                  BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+    _route_row(tl.program_id(0).to(tl.int64), logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G,
+               scaling, eps, SIGMOID, HAS_BIAS, NORM, GROUPS, TOP2, BLOCK_G, BLOCK_S, BLOCK_K)
+
+
+@triton.jit
+def _router_kernel(x_ptr, gw_ptr, gb_ptr, logits_ptr, cnt_ptr, H,
+                   bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G, scaling, eps,
+                   GATE_BIAS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                   SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+                   GROUPS: tl.constexpr, TOP2: tl.constexpr,
+                   BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One token: logits = x @ gate_w.T (+ gate_b) in the logits' dtype, BLOCK_E experts a program;
+    the last program to finish routes the token (_route_row) and re-arms the counter."""
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    me = e < E
+    acc = tl.zeros([BLOCK_E], tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        mh = h < H
+        gw = tl.load(gw_ptr + e[:, None].to(tl.int64) * H + h[None, :], mask=me[:, None] & mh[None, :], other=0.0)
+        x = tl.load(x_ptr + h, mask=mh, other=0.0)
+        acc += tl.sum(gw.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    if GATE_BIAS:
+        acc += tl.load(gb_ptr + e, mask=me, other=0.0).to(tl.float32)
+    tl.store(logits_ptr + e, acc.to(logits_ptr.dtype.element_ty), mask=me)
+    tl.debug_barrier()  # every thread's stores before the one thread's release
+    if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        _route_row(0, logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G, scaling, eps,
+                   SIGMOID, HAS_BIAS, NORM, GROUPS, TOP2, BLOCK_G, BLOCK_S, BLOCK_K)
+        tl.store(cnt_ptr, 0)
+
+
+def _route_args(E: int, top_k: int, scoring: str, norm: bool, scaling: float, bias, n_group: int,
+                topk_group: int, group_score: str) -> tuple[tuple, dict]:
+    """The routing arguments of _route_row: (runtime values, constexprs)."""
+    gs = E // n_group
+    assert gs * n_group == E, "experts must split into equal groups"
+    return ((E, top_k, n_group, gs, topk_group, float(scaling), 1e-20 if scoring == "sigmoid" else 0.0),
+            dict(SIGMOID=scoring == "sigmoid", HAS_BIAS=bias is not None, NORM=norm, GROUPS=n_group > 1,
+                 TOP2=group_score == "top2", BLOCK_G=triton.next_power_of_2(n_group),
+                 BLOCK_S=triton.next_power_of_2(gs), BLOCK_K=triton.next_power_of_2(top_k)))
+
+
 def route(logits: torch.Tensor, top_k: int, scoring: str, norm: bool, scaling: float,
           bias: torch.Tensor | None = None, n_group: int = 1, topk_group: int = 1,
           group_score: str = "top2") -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,14 +121,35 @@ def route(logits: torch.Tensor, top_k: int, scoring: str, norm: bool, scaling: f
     T, E = logits.shape
     w = torch.empty(T, top_k, dtype=logits.dtype, device=logits.device)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
-    gs = E // n_group
-    assert gs * n_group == E, "experts must split into equal groups"
+    args, const = _route_args(E, top_k, scoring, norm, scaling, bias, n_group, topk_group, group_score)
     if T:
-        _route_kernel[(T,)](logits.contiguous(), bias if bias is not None else logits, w, ids, E, top_k,
-                            n_group, gs, topk_group, float(scaling), 1e-20 if scoring == "sigmoid" else 0.0,
-                            SIGMOID=scoring == "sigmoid", HAS_BIAS=bias is not None, NORM=norm,
-                            GROUPS=n_group > 1, TOP2=group_score == "top2",
-                            BLOCK_G=triton.next_power_of_2(n_group), BLOCK_S=triton.next_power_of_2(gs),
-                            BLOCK_K=triton.next_power_of_2(top_k),
+        _route_kernel[(T,)](logits.contiguous(), bias if bias is not None else logits, w, ids, *args, **const,
                             num_warps=1)  # one warp: the k extractions reduce within a warp
+    return w, ids
+
+
+def route_linear(x: torch.Tensor, weight: torch.Tensor, gate_bias: torch.Tensor | None, top_k: int, scoring: str,
+                 norm: bool, scaling: float, bias: torch.Tensor | None = None, n_group: int = 1,
+                 topk_group: int = 1, group_score: str = "top2", scratch: tuple | None = None,
+                 block_e: int = 1, num_warps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """route(F.linear(x, weight, gate_bias), ...) in one launch for one token (decode at batch 1):
+    each program computes a few experts' logits (fp32 sums, rounded to x's dtype as the linear
+    layer's output is; the order of the sums differs from a GEMM's, so a logit may differ from it
+    by one rounding), and the last program to finish routes the token. scratch = (logits [E] in x's
+    dtype, counter [1] int32, zero), both on x's device and kept zero between calls by the kernel;
+    None allocates them. block_e experts a program, num_warps warps: one expert and one warp a
+    program was the fastest on an H200 (benchmarks/RESULTS.md); at more tokens a GEMM and route()
+    are faster."""
+    T, H = x.shape
+    E = weight.shape[0]
+    assert T == 1 and weight.shape[1] == H
+    logits, cnt = scratch or (torch.empty(E, dtype=x.dtype, device=x.device),
+                              torch.zeros(1, dtype=torch.int32, device=x.device))
+    w = torch.empty(1, top_k, dtype=x.dtype, device=x.device)
+    ids = torch.empty(1, top_k, dtype=torch.int64, device=x.device)
+    args, const = _route_args(E, top_k, scoring, norm, scaling, bias, n_group, topk_group, group_score)
+    _router_kernel[(triton.cdiv(E, block_e),)](
+        x.contiguous(), weight, gate_bias if gate_bias is not None else weight, logits, cnt, H,
+        bias if bias is not None else logits, w, ids, *args, GATE_BIAS=gate_bias is not None, BLOCK_E=block_e,
+        BLOCK_H=min(2048, triton.next_power_of_2(H)), **const, num_warps=num_warps)
     return w, ids

@@ -780,6 +780,39 @@ def test_norm_kernels_match_reference(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias,centered", [(False, False), (True, False), (False, True)])
+def test_linear_add_rms_norm_matches_linear_then_add_norm(dtype, bias, centered):
+    """linear_add_rms_norm = add_rms_norm(x, F.linear(a, W, b)) for one token in one launch, the last
+    program adding and normalising: its linear output against float64's, the sum bit for bit the
+    unfused add's of that output, the norm the reference's (bit for bit in the interpreter; on a GPU
+    its sum of squares may take another order); x a strided view, N and K not multiples of the
+    tiles; called twice on one scratch with other inputs (its counter re-armed by the kernel)."""
+    from freetoken_kernels.norm_triton import add_rms_norm, linear_add_rms_norm
+    _need(dtype)
+    N, K = 40, 72
+    gen = torch.Generator().manual_seed(bias + 2 * centered)
+    x = torch.randn(1, 2 * N, generator=gen).to(dtype).to(DEV)[:, N:]
+    lw = (torch.randn(N, K, generator=gen) / K ** 0.5).to(dtype).to(DEV)
+    lb = (torch.randn(N, generator=gen) * 0.1).to(dtype).to(DEV) if bias else None
+    w = (1 + 0.2 * torch.randn(N, generator=gen)).to(dtype).to(DEV)
+    # NaN until written: a column read before its program has written it shows
+    scratch = (torch.full((N,), float("nan"), dtype=dtype, device=DEV), torch.zeros(1, dtype=torch.int32, device=DEV))
+    for _ in range(2):
+        a = torch.randn(1, K, generator=gen).to(dtype).to(DEV)
+        mix = a.double() @ lw.double().T + (0 if lb is None else lb.double())
+        h, y = linear_add_rms_norm(x, a, lw, lb, w, 1e-6, centered, scratch=scratch, block_n=16, block_k=32)
+        got_mix = scratch[0][None]
+        _close(got_mix, mix.float(), dtype)
+        want_h, want_y = add_rms_norm(x, got_mix, w, 1e-6, centered)
+        assert torch.equal(h.cpu(), want_h.cpu()) and y.dtype == want_y.dtype
+        if CUDA:
+            _close(y, want_y.float(), dtype)
+        else:
+            assert torch.equal(y.cpu(), want_y.cpu())
+        assert int(scratch[1]) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_centered_and_gated_norm_kernels_match_reference(dtype):
     """The zero-centered (1 + w) norm, alone and after the residual add, and Gated DeltaNet's
     gated output norm (strided gate rows), against the plain functions, in x's dtype."""
@@ -836,3 +869,33 @@ def test_merge_matches_torch(dtype):
     for k in range(1, K):
         want += per_route[:, k]
     assert y.dtype == dtype and torch.equal(y.cpu(), want.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("H,E,K,scoring,norm,scaling,bias,gate_bias,groups", [
+    (64, 128, 8, "softmax", True, 1.0, False, False, None),        # Qwen3-MoE-like
+    (96, 60, 4, "softmax", False, 1.0, False, False, None),        # H not a power of two
+    (64, 256, 8, "sigmoid", True, 2.5, True, False, (8, 4, "top2")),  # DeepSeek-V3 noaux_tc
+    (48, 32, 4, "softmax", True, 1.0, False, True, None)])         # gpt-oss: a bias in the router's linear layer
+def test_fused_router_matches_linear_then_route(dtype, H, E, K, scoring, norm, scaling, bias, gate_bias, groups):
+    """route_linear = route(F.linear(x, W, b)) for one token in one launch, the last program routing;
+    called twice on one scratch (its counter re-armed by the kernel)."""
+    from freetoken_kernels.router_triton import route_linear
+    _need(dtype)
+    gen = torch.Generator().manual_seed(E + H)
+    x = torch.randn(1, H, generator=gen).to(dtype).to(DEV)
+    wt = (torch.randn(E, H, generator=gen) / H ** 0.5).to(dtype).to(DEV)
+    gb = (torch.randn(E, generator=gen) * 0.1).to(dtype).to(DEV) if gate_bias else None
+    b = (torch.randn(E, generator=gen) * 0.1).to(DEV) if bias else None
+    n_group, topk_group, group_score = groups or (1, 1, "top2")
+    args = (K, scoring, norm, scaling, b, n_group, topk_group, group_score)
+    # NaN until written: a logit read before its program has written it shows
+    scratch = (torch.full((E,), float("nan"), dtype=dtype, device=DEV), torch.zeros(1, dtype=torch.int32, device=DEV))
+    logits = (x.double() @ wt.double().T + (0 if gb is None else gb.double())).to(dtype)
+    w_ref, ids_ref = route(logits, *args)
+    for _ in range(2):
+        w, ids = route_linear(x, wt, gb, *args, scratch=scratch)
+        assert torch.equal(ids.cpu(), ids_ref.cpu()) and w.dtype == dtype
+        _close(w, w_ref.float(), dtype)
+        _close(scratch[0][None], logits.float(), dtype)
+        assert int(scratch[1]) == 0

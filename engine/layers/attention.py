@@ -27,6 +27,18 @@ class RMSNorm(nn.Module):
             return h, self(h)
         return add_rms_norm(h, delta, self.weight, self.eps, self.centered)
 
+    def add_linear(self, h: torch.Tensor, a: torch.Tensor, lin: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+        """self.add(h, lin(a)); one token on CUDA in one launch with the linear layer
+        (freetoken_kernels.norm_triton.linear_add_rms_norm)."""
+        if h.is_cuda and h.shape[0] == 1 and type(lin) is nn.Linear and lin.weight.dtype == h.dtype == a.dtype:
+            from freetoken_kernels.norm_triton import linear_add_rms_norm
+            if getattr(self, "_scratch", None) is None or self._scratch[0].device != h.device:
+                self._scratch = (torch.empty(h.shape[1], dtype=h.dtype, device=h.device),
+                                 torch.zeros(1, dtype=torch.int32, device=h.device))
+            return linear_add_rms_norm(h, a, lin.weight, lin.bias, self.weight, self.eps, self.centered,
+                                       scratch=self._scratch)
+        return self.add(h, lin(a))
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, window: int | None = None):
@@ -70,7 +82,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v, gate
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, cos, sin) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, cos, sin, project: bool = True) -> torch.Tensor:
+        """project False: o_proj's input (the caller applies o_proj)."""
         gate = None
         if self.window:  # the sliding pool, through the sequences' pages of it
             kv, table, slots = kv.sliding, batch.sliding_table, batch.sliding_slots
@@ -100,4 +113,5 @@ class Attention(nn.Module):
                                     batch.q_lens, batch.ctx_lens, self.d ** -0.5, self.window, sinks,
                                     (k, v) if chunk else None)
         o = o.reshape(x.shape[0], -1)
-        return self.o_proj(o if gate is None else o * torch.sigmoid(gate))
+        o = o if gate is None else o * torch.sigmoid(gate)
+        return self.o_proj(o) if project else o

@@ -38,7 +38,8 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, hq * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
         self.o_proj = nn.Linear(hq * m.v_head_dim, H, bias=cfg.o_bias)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, cos, sin) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv, cos, sin, project: bool = True) -> torch.Tensor:
+        """project False: o_proj's input (the caller applies o_proj)."""
         m, T = self.m, x.shape[0]
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if m.q_lora_rank else self.q_proj(x)
         q_nope, q_pe = q.view(T, self.hq, -1).split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
@@ -51,7 +52,7 @@ class MLAttention(nn.Module):
             o = self._absorbed(q_nope, q_pe, pool, batch)
         else:
             o = self._decompressed(torch.cat((q_nope, q_pe), dim=-1), pool, batch)
-        return self.o_proj(o.reshape(T, -1))
+        return self.o_proj(o.reshape(T, -1)) if project else o.reshape(T, -1)
 
     def _absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, pool: torch.Tensor,
                   batch: ForwardBatch) -> torch.Tensor:

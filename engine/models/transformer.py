@@ -55,8 +55,11 @@ class DecoderLayer(nn.Module):
     def forward(self, h, delta, batch, kv, cos, sin, prefill: bool):
         """-> (the residual stream, this layer's MLP output, which the next norm adds to it)."""
         h, x = self.input_layernorm.add(h, delta)
-        mixed = self.linear_attn(x, batch) if hasattr(self, "linear_attn") else self.self_attn(x, batch, kv, cos, sin)
-        h, x = self.post_attention_layernorm.add(h, mixed)
+        if hasattr(self, "linear_attn"):
+            h, x = self.post_attention_layernorm.add(h, self.linear_attn(x, batch))
+        else:  # o_proj with the residual add and the norm (one launch at decode on CUDA)
+            o = self.self_attn(x, batch, kv, cos, sin, project=False)
+            h, x = self.post_attention_layernorm.add_linear(h, o, self.self_attn.o_proj)
         return h, (self.mlp(x, prefill) if isinstance(self.mlp, MoEBlock) else self.mlp(x))
 
 
