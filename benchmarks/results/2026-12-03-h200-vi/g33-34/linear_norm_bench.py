@@ -1,4 +1,4 @@
-"""Probe (with next/linear_norm.patch): o_proj, the residual add and the next norm of a decode step as the
+"""Probe (with g33-34/linear_norm.patch): o_proj, the residual add and the next norm of a decode step as the
 graph runs them: 64 calls captured in one CUDA graph, us a call (median of 20 replays), cuBLAS's GEMM + the
 add-norm kernel (main's) against linear_add_rms_norm per (block_n, block_k, num_warps); T = 1 and 8; o_proj of
 Qwen3-30B-A3B (4096 -> 2048) and Qwen3-235B-A22B (8192 -> 4096), bf16; GB/s of the weight's bytes beside a

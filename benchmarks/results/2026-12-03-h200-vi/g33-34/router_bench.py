@@ -1,4 +1,4 @@
-"""Probe (with next/fused_router.patch): the router of a decode step, Qwen3-30B-A3B's shape (H 2048, E 128, top-8,
+"""Probe (with g33-34/fused_router.patch): the router of a decode step, Qwen3-30B-A3B's shape (H 2048, E 128, top-8,
 softmax, renormalised), as the graph runs it: 64 calls captured in one CUDA graph, us a call (median of 20
 replays), the GEMM + route kernel (main's) against route_linear at each (block_e, num_warps); T = 1 and 8.
 python3 router_bench.py"""
