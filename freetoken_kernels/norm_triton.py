@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from freetoken_kernels.gemv_triton import last_program, linear_rows
+
 
 @triton.jit
 def _norm_row(row, x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, sx, sd, sh, eps,
@@ -50,25 +52,11 @@ def _norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, N, sx, sd, sh, eps,
 def _linear_norm_kernel(a_ptr, lw_ptr, lb_ptr, x_ptr, w_ptr, mix_ptr, cnt_ptr, h_ptr, y_ptr, K, N, eps,
                         BIAS: tl.constexpr, CENTERED: tl.constexpr, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, BLOCK: tl.constexpr):
-    """One token: mix = a @ lw.T (+ lb), BLOCK_N of its N columns a program (fp32 sums, rounded to
-    mix's dtype); the last program to finish adds mix to x and normalises it (_norm_row), then
-    re-arms the counter."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = n < N
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        mk = k < K
-        lw = tl.load(lw_ptr + n[:, None].to(tl.int64) * K + k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-        a = tl.load(a_ptr + k, mask=mk, other=0.0)
-        acc += tl.sum(lw.to(tl.float32) * a.to(tl.float32)[None, :], axis=1)
-    if BIAS:
-        acc += tl.load(lb_ptr + n, mask=mn, other=0.0).to(tl.float32)
-    tl.store(mix_ptr + n, acc.to(mix_ptr.dtype.element_ty), mask=mn)
-    tl.debug_barrier()  # every thread's stores before the one thread's release
-    if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+    """One token: mix = a @ lw.T (+ lb) (linear_rows); the last program to finish adds mix to x and
+    normalises it (_norm_row)."""
+    linear_rows(a_ptr, lw_ptr, lb_ptr, mix_ptr, N, K, BIAS, BLOCK_N, BLOCK_K)
+    if last_program(cnt_ptr, tl.num_programs(0)):
         _norm_row(0, x_ptr, mix_ptr, w_ptr, h_ptr, y_ptr, N, 0, 0, 0, eps, True, False, CENTERED, ROUND, BLOCK)
-        tl.store(cnt_ptr, 0)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

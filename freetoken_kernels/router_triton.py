@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from freetoken_kernels.gemv_triton import last_program, linear_rows
+
 
 @triton.jit
 def _route_row(t, logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G, scaling, eps,
@@ -80,25 +82,12 @@ def _router_kernel(x_ptr, gw_ptr, gb_ptr, logits_ptr, cnt_ptr, H,
                    SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
                    GROUPS: tl.constexpr, TOP2: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One token: logits = x @ gate_w.T (+ gate_b) in the logits' dtype, BLOCK_E experts a program;
-    the last program to finish routes the token (_route_row) and re-arms the counter."""
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    me = e < E
-    acc = tl.zeros([BLOCK_E], tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H)
-        mh = h < H
-        gw = tl.load(gw_ptr + e[:, None].to(tl.int64) * H + h[None, :], mask=me[:, None] & mh[None, :], other=0.0)
-        x = tl.load(x_ptr + h, mask=mh, other=0.0)
-        acc += tl.sum(gw.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-    if GATE_BIAS:
-        acc += tl.load(gb_ptr + e, mask=me, other=0.0).to(tl.float32)
-    tl.store(logits_ptr + e, acc.to(logits_ptr.dtype.element_ty), mask=me)
-    tl.debug_barrier()  # every thread's stores before the one thread's release
-    if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+    """One token: logits = x @ gate_w.T (+ gate_b) in the logits' dtype, BLOCK_E experts a program
+    (linear_rows); the last program to finish routes the token (_route_row)."""
+    linear_rows(x_ptr, gw_ptr, gb_ptr, logits_ptr, E, H, GATE_BIAS, BLOCK_E, BLOCK_H)
+    if last_program(cnt_ptr, tl.num_programs(0)):
         _route_row(0, logits_ptr, bias_ptr, w_ptr, ids_ptr, E, K, NG, GS, TOPK_G, scaling, eps,
                    SIGMOID, HAS_BIAS, NORM, GROUPS, TOP2, BLOCK_G, BLOCK_S, BLOCK_K)
-        tl.store(cnt_ptr, 0)
 
 
 def _route_args(E: int, top_k: int, scoring: str, norm: bool, scaling: float, bias, n_group: int,
