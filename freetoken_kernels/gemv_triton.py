@@ -4,8 +4,21 @@ output's dtype; then the handshake by which the last program to finish runs the 
 layer step is launch-bound, and this puts a small kernel's work behind the GEMV in one launch."""
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def counters(device: torch.device, n: int = 1) -> torch.Tensor:
+    """n int32 counters for last_program on device, zero, shared by every fused one-token kernel:
+    each leaves its counters zero, and a device's forward launches its kernels one after another on
+    one stream. Made at the first call (a forward's warm-up, before any CUDA graph is captured)."""
+    c = _COUNTERS.get(device)
+    if c is None:
+        c = _COUNTERS[device] = torch.zeros(1024, dtype=torch.int32, device=device)
+    return c[:n]
 
 
 @triton.jit

@@ -32,11 +32,7 @@ class RMSNorm(nn.Module):
         (freetoken_kernels.norm_triton.linear_add_rms_norm)."""
         if h.is_cuda and h.shape[0] == 1 and type(lin) is nn.Linear and lin.weight.dtype == h.dtype == a.dtype:
             from freetoken_kernels.norm_triton import linear_add_rms_norm
-            if getattr(self, "_scratch", None) is None or self._scratch[0].device != h.device:
-                self._scratch = (torch.empty(h.shape[1], dtype=h.dtype, device=h.device),
-                                 torch.zeros(1, dtype=torch.int32, device=h.device))
-            return linear_add_rms_norm(h, a, lin.weight, lin.bias, self.weight, self.eps, self.centered,
-                                       scratch=self._scratch)
+            return linear_add_rms_norm(h, a, lin.weight, lin.bias, self.weight, self.eps, self.centered)
         return self.add(h, lin(a))
 
 

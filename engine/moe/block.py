@@ -22,7 +22,6 @@ class MoEBlock(nn.Module):
             if cfg.shared_expert_gate:
                 self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
         self.runtime = None  # set by the loader: engine.moe.runtime.ExpertRuntime
-        self._scratch = None  # the fused router's logits and counter (route), made at its first call
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, K], expert ids [T, K]); one token on CUDA in one launch with the
@@ -30,12 +29,9 @@ class MoEBlock(nn.Module):
         bias = getattr(self.gate, "e_score_correction_bias", None)
         if x.is_cuda and x.shape[0] == 1:
             from freetoken_kernels.router_triton import route_linear
-            if self._scratch is None or self._scratch[0].device != x.device:
-                self._scratch = (torch.empty(self.gate.out_features, dtype=x.dtype, device=x.device),
-                                 torch.zeros(1, dtype=torch.int32, device=x.device))
             s = self.spec
             return route_linear(x, self.gate.weight, self.gate.bias, s.top_k, s.scoring, s.norm_topk_prob,
-                                s.scaling, bias, s.n_group, s.topk_group, s.group_score, scratch=self._scratch)
+                                s.scaling, bias, s.n_group, s.topk_group, s.group_score)
         return route(self.gate(x), self.spec, bias)
 
     def forward(self, x: torch.Tensor, prefill: bool) -> torch.Tensor:
