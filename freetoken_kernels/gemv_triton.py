@@ -15,6 +15,7 @@ def counters(device: torch.device, n: int = 1) -> torch.Tensor:
     """n int32 counters for last_program on device, zero, shared by every fused one-token kernel:
     each leaves its counters zero, and a device's forward launches its kernels one after another on
     one stream. Made at the first call (a forward's warm-up, before any CUDA graph is captured)."""
+    assert n <= 1024
     c = _COUNTERS.get(device)
     if c is None:
         c = _COUNTERS[device] = torch.zeros(1024, dtype=torch.int32, device=device)
