@@ -1,4 +1,4 @@
-"""Probe (with next/qkv_fused.patch): a decode step's qkv projection and attention prologue as the graph runs
+"""Probe (with g35/qkv_fused.patch): a decode step's qkv projection and attention prologue as the graph runs
 them: 64 calls captured in one CUDA graph, us a call (median of 20 replays), cuBLAS's GEMV + qkv_rope_write (main's)
 against qkv_linear_rope_write per (block_n, block_k, num_warps); one token, bf16, head norms and full rotary as
 Qwen3's; Qwen3-30B-A3B (H 2048, 32 / 4 heads of 128) and Qwen3-235B-A22B (H 4096, 64 / 4); GB/s of the weight's

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# g29 (prepared, not run; issue 20): g28 found a decode job's units 1.6-1.9x slower than with the link idle, the GPU's
+# g29 (issue 20; prepared in the fortieth run, run in the forty-second): g28 found a decode job's units 1.6-1.9x slower than with the link idle, the GPU's
 # fills reading host memory beside them. Do the row kernels ask for their rows far enough ahead under that load? The
 # tree's kernels prefetch 4 KiB ahead of the row they read (dot_avx2, the BF16 rows, the int4/mxfp4 BF16 rows); here
 # 8 and 16 KiB too, built from the working tree (d4 = as it is). int4 adaptive decode of the 8-layer model at 1152 MiB,
-# uniform routing, three rounds alternating; then each variant's trace inside decode (next/trace2.patch = g23/trace.patch + a histogram of the joins, FT_TRACE=1).
-# run(command="bash benchmarks/results/2026-12-03-h200-vi/next/g29.sh $OUT"); outputs in g29.tgz
+# uniform routing, three rounds alternating; then each variant's trace inside decode (g29/trace2.patch = g23/trace.patch + a histogram of the joins, FT_TRACE=1).
+# run(command="bash benchmarks/results/2026-12-03-h200-vi/g29/g29.sh $OUT"); outputs in g29.tgz
 set -u
 out=$1; w=/tmp/g29; mkdir -p $w; d=$PWD/benchmarks/results/2026-12-03-h200-vi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
@@ -14,7 +14,7 @@ V="d4 d8 d16"
 for v in $V; do for tr in "" t; do
   t=/tmp/$tr$v; mkdir -p $t; cp -r freetoken_kernels engine ftw freetoken_cli pyproject.toml $t/
   sed -i "s/ + 4096/ + $(( ${v#d} * 1024 ))/" $t/freetoken_kernels/csrc/cpu_moe.cpp
-  [ -n "$tr" ] && (cd $t && patch -s -p1 < $d/next/trace2.patch)
+  [ -n "$tr" ] && (cd $t && patch -s -p1 < $d/g29/trace2.patch)
 done; done
 for t in /tmp/d4 /tmp/d8 /tmp/d16 /tmp/td4 /tmp/td8 /tmp/td16; do echo "$t: $(grep -c ' + 4096' $t/freetoken_kernels/csrc/cpu_moe.cpp) at 4096, $(grep -c ' + 8192' $t/freetoken_kernels/csrc/cpu_moe.cpp) at 8192, $(grep -c ' + 16384' $t/freetoken_kernels/csrc/cpu_moe.cpp) at 16384"; done | tee $w/variants.txt
 for t in d4 d8 d16 td4 td8 td16; do (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout -s ABRT 150 python3 -c "from freetoken_kernels.cpu_executor import CPUExecutor; CPUExecutor(2).close()") >> $w/build.txt 2>&1 & done; wait; el built
