@@ -2,14 +2,16 @@
 shuffled so that one 32-bit word holds a lane's A fragment of a 16 x 16 tile (gate rows 0-7, up rows 8-15 of a
 block of 8 intermediate rows), two codes a LOP3 into bf16x2 (128 + c, exact), the zero point taken out after the dot
 with the group's sum of x (down: blocks of 16 output rows). Against the tree's kernels (default tiles), bench_quant's method (16 calls in
-one CUDA graph over 256 slots, H 2048, I 768, group 128, 8 routes, T = 1). python3 mma4.py [NW,...]"""
+one CUDA graph over 256 slots, group 128, 8 routes, T = 1). python3 mma4.py [NW,...] [H] [I]
+(H and I from the command line, and the package by its current name, since the forty-second run, whose g36b.sh
+ran it at larger expert shapes)"""
 import json, sys
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from kernels import moe_triton as m
-from kernels.quant import quantize
+from freetoken_kernels import moe_triton as m
+from freetoken_kernels.quant import quantize
 
 
 def tile_asm(n):  # n tiles; operands: $0 $1 outputs (gate, up sums); words $2..; x regs after
@@ -206,7 +208,9 @@ def check_layout():
 def main():
     check_layout()
     nws = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "4,8").split(",")]
-    H, I, S, K, calls, G = 2048, 768, 256, 8, 16, 128
+    H = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
+    I = int(sys.argv[3]) if len(sys.argv) > 3 else 768
+    S, K, calls, G = 256, 8, 16, 128
     torch.manual_seed(0)
     w = torch.randn(2 * I, H, device="cuda") * 0.02
     q, s, z, block = quantize("int4", w, G, symmetric=False)  # codes two a byte, s fp16, z uint8
@@ -221,7 +225,7 @@ def main():
     wdq = (codes.to("cuda").float() - z.float().repeat_interleave(G, 1)) * s.float().repeat_interleave(G, 1)
     gu = wdq @ x.float()
     ref = torch.nn.functional.silu(gu[:I]) * gu[I:]
-    print(json.dumps({"device": torch.cuda.get_device_name(), "ref_norm": float(ref.norm())}), flush=True)
+    print(json.dumps({"device": torch.cuda.get_device_name(), "H": H, "I": I, "ref_norm": float(ref.norm())}), flush=True)
     sets = [torch.randperm(S, device="cuda")[:K].to(torch.int32) for _ in range(calls)]
     h = torch.empty(K, I, device="cuda")
     for nw in nws:

@@ -2,7 +2,7 @@
 # g39 (prepared in the forty-second run, not run; issue 20, a probe): g36's tensor-core int4 GEMVs took 1.4-1.5x
 # off the tree's at large expert shapes, reading codes shuffled at convert time. next/mma4k.py reads the tree's own
 # int4 slots instead (the dot's K order permuted to the row-major codes, x read permuted to match): if it runs as
-# fast as g36/mma4.py, a tensor-core decode path needs no second slot layout. Both probes, and the tree's GEMVs, at
+# fast as g16/mma4.py, a tensor-core decode path needs no second slot layout. Both probes, and the tree's GEMVs, at
 # the expert shapes of Qwen3-30B-A3B, Qwen3-235B-A22B and DeepSeek-V3. The index arithmetic checks on the CPU
 # (`python3 next/mma4k.py --emulate`); both kernels compile for sm_90 (16-byte code loads with the runtime's
 # divisibility specialization).
@@ -11,7 +11,7 @@ set -u
 out=$1; w=/tmp/g39; mkdir -p $w; d=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1
 for hi in "2048 768" "4096 1536" "7168 2048"; do
-  for p in $d/mma4k.py $d/../g36/mma4.py; do
+  for p in $d/mma4k.py $d/../g16/mma4.py; do
     PYTHONPATH=$PWD timeout -s ABRT 150 python3 $p 4,8 $hi 2>&1 | grep -v "leaked\|nanobind\|^ -\|^See\|arn" | sed "s|^|$(basename $p) $hi: |" | tee -a $w/probe.txt
   done
   tar czf $out/g39.tgz -C $w .

@@ -3,7 +3,7 @@ a byte, row-major, low nibble first; fp16 scales and uint8 zero points per group
 at convert time. The dot's K order is permuted: lane (g, t) loads 16 bytes of each of its two rows, the columns
 32t .. 32t + 31 of a group, and (w >> 4s) & 0x000F000F | 0x43004300 makes a bf16x2 register of codes s and s + 4
 of a word w (128 + code, exact), the A fragment of 8 tiles; x is read permuted to match, within 8 columns the
-words (x0, x4), (x1, x5), (x2, x6), (x3, x7) (`permute_x`). Beside g36/mma4.py's kernels (shuffled codes) and the
+words (x0, x4), (x1, x5), (x2, x6), (x3, x7) (`permute_x`). Beside g16/mma4.py's kernels (shuffled codes) and the
 tree's GEMVs, bench_quant's method (16 calls in one CUDA graph over 256 slots, 8 routes, T = 1); x's permuted
 words and group sums are made outside the timed kernels, as in mma4.py.
 python3 mma4k.py [NW,...] [H] [I] on a GPU; python3 mma4k.py --emulate checks the index arithmetic lane by lane
@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "g36"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "g16"))
 from freetoken_kernels import moe_triton as m  # noqa: E402
 
 SHIFTS = [(m_, s0) for m_ in range(4) for s0 in (0, 2)]   # tile j = 2m + s0 / 2: word m, codes s0, s0 + 1 (+ 4)
