@@ -4,8 +4,10 @@ at convert time. The dot's K order is permuted: lane (g, t) loads 16 bytes of ea
 32t .. 32t + 31 of a group, and (w >> 4s) & 0x000F000F | 0x43004300 makes a bf16x2 register of codes s and s + 4
 of a word w (128 + code, exact), the A fragment of 8 tiles; x is read permuted to match, within 8 columns the
 words (x0, x4), (x1, x5), (x2, x6), (x3, x7) (`permute_x`). Beside g16/mma4.py's kernels (shuffled codes) and the
-tree's GEMVs, bench_quant's method (16 calls in one CUDA graph over 256 slots, 8 routes, T = 1); x's permuted
-words and group sums are made outside the timed kernels, as in mma4.py.
+tree's GEMVs, bench_quant's method (16 calls in one CUDA graph over 256 slots, 8 routes, T = 1). Four variants:
+x's permuted words made outside the timed kernels (as mma4.py does) or paired from x's own words by two PRMTs a
+tile in the kernel; the group sums of x made outside or by a second MMA a tile (A all ones); beside them, the
+outside prep's own time (torch ops in a graph).
 python3 mma4k.py [NW,...] [H] [I] on a GPU; python3 mma4k.py --emulate checks the index arithmetic lane by lane
 on the CPU against the plain dot products."""
 import json
@@ -20,22 +22,34 @@ from freetoken_kernels import moe_triton as m  # noqa: E402
 SHIFTS = [(m_, s0) for m_ in range(4) for s0 in (0, 2)]   # tile j = 2m + s0 / 2: word m, codes s0, s0 + 1 (+ 4)
 
 
-def tile_asm_k():
-    """$0 $1: the raw sums (128 + c) . x of rows g and g + 8; $2-$5 row g's words, $6-$9 row g + 8's; $10-$25
-    x's words b0, b1 of tiles 0-7."""
-    lines = ["{", ".reg .b32 a0, a1, a2, a3, s;", ".reg .f32 d0, d1, d2, d3;",
-             "mov.f32 d0, 0f00000000;", "mov.f32 d1, 0f00000000;", "mov.f32 d2, 0f00000000;", "mov.f32 d3, 0f00000000;"]
+def tile_asm_k(xperm=False, sums=False):
+    """$0 $1: the raw sums (128 + c) . x of rows g and g + 8, $2: the group's sum of x (sums: one more MMA a tile,
+    A all ones; else 0); $3-$6 row g's words, $7-$10 row g + 8's; $11-$26 x's words: b0, b1 of tiles 0-7, or
+    (xperm) x's own words of the lane's 32 columns, paired by PRMT here (b0 = low halves of words i and i + 2,
+    b1 = their high halves)."""
+    lines = ["{", ".reg .b32 a0, a1, a2, a3, s, b0, b1, one;", ".reg .f32 d0, d1, d2, d3, e0, e1, e2, e3;",
+             "mov.b32 one, 0x3F803F80;"] + [f"mov.f32 {r}, 0f00000000;" for r in ("d0", "d1", "d2", "d3", "e0", "e1", "e2", "e3")]
     for j, (mw, s0) in enumerate(SHIFTS):
-        wg, wu = f"${2 + mw}", f"${6 + mw}"
+        wg, wu = f"${3 + mw}", f"${7 + mw}"
         for k, (w, sh) in enumerate([(wg, s0), (wu, s0), (wg, s0 + 1), (wu, s0 + 1)]):   # A regs: g, g+8, g (+8 k), g+8
             if sh:
                 lines += [f"shr.u32 s, {w}, {4 * sh};", f"lop3.b32 a{k}, s, 0x000F000F, 0x43004300, 0xEA;"]
             else:
                 lines.append(f"lop3.b32 a{k}, {w}, 0x000F000F, 0x43004300, 0xEA;")
-        lines.append("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0, d1, d2, d3}, {a0, a1, a2, a3}, "
-                     f"{{${10 + 2 * j}, ${11 + 2 * j}}}, {{d0, d1, d2, d3}};")
-    lines += ["mov.f32 $0, d0;", "mov.f32 $1, d2;", "}"]
+        if xperm:   # x words i = 4m + s0 / 2 and i + 2 hold x[8m + s0 (+1)] and x[8m + s0 + 4 (+1)]
+            i = 4 * mw + s0 // 2
+            lines += [f"prmt.b32 b0, ${11 + i}, ${13 + i}, 0x5410;", f"prmt.b32 b1, ${11 + i}, ${13 + i}, 0x7632;"]
+            b = "b0, b1"
+        else:
+            b = f"${11 + 2 * j}, ${12 + 2 * j}"
+        lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{d0, d1, d2, d3}}, {{a0, a1, a2, a3}}, {{{b}}}, {{d0, d1, d2, d3}};")
+        if sums:
+            lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{e0, e1, e2, e3}}, {{one, one, one, one}}, {{{b}}}, {{e0, e1, e2, e3}};")
+    lines += ["mov.f32 $0, d0;", "mov.f32 $1, d2;", "mov.f32 $2, e0;", "}"]
     return "\n".join(lines)
+
+
+CONS = "=r,=r,=r," + ",".join(["r"] * 24)
 
 
 def permute_x(x):
@@ -52,34 +66,53 @@ def lane_regs(qrow_g, qrow_u, grp, t):
              [(wg[mw], s0), (wu[mw], s0), (wg[mw], s0 + 1), (wu[mw], s0 + 1)]] for mw, s0 in SHIFTS]
 
 
+def prmt(a, b, sel):
+    """PTX prmt.b32 (default mode): result byte i = byte (sel >> 4i) & 7 of b:a."""
+    src = (b << 32) | a
+    return sum(((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+
 def emulate():
     """mma.sync's fragments as PTX defines them (A: reg 0 row g, k 2t, 2t+1; reg 1 row g + 8; regs 2, 3 the same at
     k + 8; B: b0 k 2t, 2t+1, b1 k 2t+8, 2t+9, column g), summed over a group's 8 tiles, against the plain dot
-    products (128 + code) . x of the two rows over the group's actual columns."""
+    products (128 + code) . x of the two rows over the group's actual columns; B from x permuted outside and from
+    x's own words through tile_asm_k's PRMTs; the ones-MMA's sums against the group's sum of x."""
     bf = lambda v: torch.tensor([v & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().item()
     torch.manual_seed(0)
     K = 256
     codes = torch.randint(0, 16, (16, K), dtype=torch.uint8)
     q = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous().view(torch.int32)        # the tree's packing
     x = torch.randn(K).bfloat16()
-    xw = permute_x(x)
-    for grp in range(K // 128):
-        D = torch.zeros(16, 8, dtype=torch.float64)
-        for j in range(8):
-            A, B = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
-            for lane in range(32):
-                g, t = lane // 4, lane % 4
-                regs = lane_regs(q[g], q[g + 8], grp, t)[j]
-                for reg, (dr, dc) in zip(regs, [(0, 0), (8, 0), (0, 8), (8, 8)]):
-                    A[g + dr, 2 * t + dc], A[g + dr, 2 * t + dc + 1] = bf(reg), bf(reg >> 16)
-                for reg, kk in ((int(xw[grp * 64 + 16 * t + 2 * j]), 2 * t), (int(xw[grp * 64 + 16 * t + 2 * j + 1]), 2 * t + 8)):
-                    B[kk, g], B[kk + 1, g] = bf(reg & 0xFFFFFFFF), bf((reg & 0xFFFFFFFF) >> 16)
-            D += A @ B
-        cols = slice(grp * 128, grp * 128 + 128)
-        want = (128.0 + codes[:, cols].double()) @ x[cols].double()
-        for n in range(8):
-            assert torch.allclose(D[:, n], want, rtol=0, atol=1e-9), (grp, n, D[:, n], want)
-    print("emulated: the permuted fragments give the group dot products exactly")
+    xp, xw = permute_x(x), x.view(torch.int32)
+    u32 = lambda v: int(v) & 0xFFFFFFFF
+    for xperm in (False, True):
+        for grp in range(K // 128):
+            D, E = torch.zeros(16, 8, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+            for j, (mw, s0) in enumerate(SHIFTS):
+                A, B = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    regs = lane_regs(q[g], q[g + 8], grp, t)[j]
+                    for reg, (dr, dc) in zip(regs, [(0, 0), (8, 0), (0, 8), (8, 8)]):
+                        A[g + dr, 2 * t + dc], A[g + dr, 2 * t + dc + 1] = bf(reg), bf(reg >> 16)
+                    base = grp * 64 + 16 * t
+                    if xperm:
+                        i = 4 * mw + s0 // 2
+                        w0, w1 = u32(xw[base + i]), u32(xw[base + i + 2])
+                        b0, b1 = prmt(w0, w1, 0x5410), prmt(w0, w1, 0x7632)
+                    else:
+                        b0, b1 = u32(xp[base + 2 * j]), u32(xp[base + 2 * j + 1])
+                    for reg, kk in ((b0, 2 * t), (b1, 2 * t + 8)):
+                        B[kk, g], B[kk + 1, g] = bf(reg), bf(reg >> 16)
+                D += A @ B
+                E += torch.ones(16, 16, dtype=torch.float64) @ B
+            cols = slice(grp * 128, grp * 128 + 128)
+            want = (128.0 + codes[:, cols].double()) @ x[cols].double()
+            for n in range(8):
+                assert torch.allclose(D[:, n], want, rtol=0, atol=1e-9), (xperm, grp, n)
+                assert torch.allclose(E[:, n], x[cols].double().sum().expand(16), rtol=0, atol=1e-9), (xperm, grp, n)
+    print("emulated: the permuted fragments (x permuted outside, or paired by PRMT) give the group dot products "
+          "exactly, and the ones-MMA the group sums")
 
 
 def kernels():
@@ -104,11 +137,11 @@ def kernels():
         xs = [gl.convert_layout(t, S4) for t in (x0, y0, x1, y1, x2, y2, x3, y3, x4, y4, x5, y5, x6, y6, x7, y7)]
         ws = [gl.convert_layout(t, S4) for t in (wg0, wg1, wg2, wg3, wu0, wu1, wu2, wu3)]
         return gl.inline_asm_elementwise(asm, cons, ws + xs,
-                                         dtype=(gl.float32, gl.float32), is_pure=True, pack=1)
+                                         dtype=(gl.float32, gl.float32, gl.float32), is_pure=True, pack=1)
 
     @gluon.jit
     def gate_up(q_ptr, sq_s, sq_r, s_ptr, ss_s, ss_r, z_ptr, sz_s, sz_r, slot_ptr, xp_ptr, sx_ptr, h_ptr, I,
-                H: gl.constexpr, NW: gl.constexpr, asm: gl.constexpr, cons: gl.constexpr):
+                H: gl.constexpr, NW: gl.constexpr, asm: gl.constexpr, cons: gl.constexpr, SUMS: gl.constexpr):
         """A program: a route and 8 intermediate rows (gate row g and up row g, as MMA rows g and g + 8), its warps
         1/NW of the groups each, summed across warps; h = silu(gate) * up."""
         r, rb = gl.program_id(0), gl.program_id(1)
@@ -132,9 +165,10 @@ def kernels():
         for gi in gl.static_range(GW):
             grp = warp * GW + gi                                     # [NW, 1]
             off = (warp[:, :, None] * GW + gi) * 16
-            dg, du = _group(qg + off, qu + off, xp_ptr + (warp16 * GW + gi) * 64 + (lane16 % 4) * 16 + j16,
-                            NW, S4, asm, cons)
-            sx = gl.load(sx_ptr + grp)
+            dg, du, sx = _group(qg + off, qu + off, xp_ptr + (warp16 * GW + gi) * 64 + (lane16 % 4) * 16 + j16,
+                                NW, S4, asm, cons)
+            if not SUMS:
+                sx = gl.load(sx_ptr + grp)
             zg = gl.load(z_ptr + slot * sz_s + row_g * sz_r + grp).to(gl.float32)
             zu = gl.load(z_ptr + slot * sz_s + (I + row_g) * sz_r + grp).to(gl.float32)
             sg = gl.load(s_ptr + slot * ss_s + row_g * ss_r + grp).to(gl.float32)
@@ -149,7 +183,7 @@ def kernels():
 
     @gluon.jit
     def down(q_ptr, sq_s, sq_r, s_ptr, ss_s, ss_r, z_ptr, sz_s, sz_r, slot_ptr, hp_ptr, sh_ptr, rw_ptr, y_ptr, H,
-             I: gl.constexpr, NW: gl.constexpr, asm: gl.constexpr, cons: gl.constexpr):
+             I: gl.constexpr, NW: gl.constexpr, asm: gl.constexpr, cons: gl.constexpr, SUMS: gl.constexpr):
         """A program: a route and NW blocks of 16 output rows, a warp a block over every group; y = weight * (W h)."""
         r, ob = gl.program_id(0), gl.program_id(1)
         L4: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
@@ -170,8 +204,9 @@ def kernels():
         acc0 = gl.zeros([NW, 32], gl.float32, S4)
         acc8 = gl.zeros([NW, 32], gl.float32, S4)
         for gi in gl.static_range(NG):
-            d0, d8 = _group(q0 + gi * 16, q0 + 8 * sq_r + gi * 16, hb + gi * 64, NW, S4, asm, cons)
-            sh = gl.load(sh_ptr + r * NG + gi)
+            d0, d8, sh = _group(q0 + gi * 16, q0 + 8 * sq_r + gi * 16, hb + gi * 64, NW, S4, asm, cons)
+            if not SUMS:
+                sh = gl.load(sh_ptr + r * NG + gi)
             z0 = gl.load(z_ptr + slot * sz_s + row0 * sz_r + gi).to(gl.float32)
             z8 = gl.load(z_ptr + slot * sz_s + (row0 + 8) * sz_r + gi).to(gl.float32)
             s0 = gl.load(s_ptr + slot * ss_s + row0 * ss_r + gi).to(gl.float32)
@@ -186,9 +221,7 @@ def kernels():
 
 
 def main():
-    import triton
     gate_up, down = kernels()
-    asm, cons = tile_asm_k(), "=r,=r," + ",".join(["r"] * 24)
     nws = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "4,8").split(",")]
     H = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
     I = int(sys.argv[3]) if len(sys.argv) > 3 else 768
@@ -205,6 +238,7 @@ def main():
     hb = href.bfloat16()
     yref = rw[:, None] * (wdq_d @ hb.float())[None]
     hp = permute_x(hb).reshape(1, -1).repeat(K, 1).contiguous()
+    xw, hw = x[0].contiguous().view(torch.int32), hb.view(torch.int32).reshape(1, -1).repeat(K, 1).contiguous()
     sh = hb.float().view(I // G, G).sum(1).reshape(1, -1).repeat(K, 1).contiguous()
     print(json.dumps({"device": torch.cuda.get_device_name(), "H": H, "I": I}), flush=True)
 
@@ -213,17 +247,24 @@ def main():
     qg, qd = q32(wgu), q32(wd)
     h = torch.empty(K, I, device="cuda")
     y = torch.empty(K, H, device="cuda")
-    for nw in nws:
+    # variants: x permuted outside (xp) or by PRMT in the kernel (x's own words); the group sums of x outside or
+    # by a second MMA a tile (A all ones)
+    for nw, xperm, sums in [(nw, xperm, sums) for nw in nws for xperm in (False, True) for sums in (False, True)]:
+        asm = tile_asm_k(xperm, sums)
+        xa, ha = (xw, hw) if xperm else (xp, hp)
+
         def run(i):
             gate_up[(K, I // 8)](qg, qg.stride(0), qg.stride(1), wgu.s, wgu.s.stride(0), wgu.s.stride(1), wgu.z,
-                                 wgu.z.stride(0), wgu.z.stride(1), sets[i], xp, sx, h, I, H=H, NW=nw, asm=asm,
-                                 cons=cons, num_warps=nw)
+                                 wgu.z.stride(0), wgu.z.stride(1), sets[i], xa, sx, h, I, H=H, NW=nw, asm=asm,
+                                 cons=CONS, SUMS=sums, num_warps=nw)
 
         def run2(i):
             down[(K, H // (16 * nw))](qd, qd.stride(0), qd.stride(1), wd.s, wd.s.stride(0), wd.s.stride(1), wd.z,
-                                      wd.z.stride(0), wd.z.stride(1), sets[i], hp, sh, rw, y, H, I=I, NW=nw, asm=asm,
-                                      cons=cons, num_warps=nw)
-        for name, fn, out, ref, frac in (("mmak", run, h, href[None], 2 / 3), ("mmak_down", run2, y, yref, 1 / 3)):
+                                      wd.z.stride(0), wd.z.stride(1), sets[i], ha, sh, rw, y, H, I=I, NW=nw, asm=asm,
+                                      cons=CONS, SUMS=sums, num_warps=nw)
+        tag = ("x by PRMT" if xperm else "x permuted outside") + (", sums by MMA" if sums else ", sums outside")
+        for name, fn, out, ref, frac in (("mmak " + tag, run, h, href[None], 2 / 3),
+                                         ("mmak_down " + tag, run2, y, yref, 1 / 3)):
             try:
                 fn(0)
                 torch.cuda.synchronize()
@@ -234,6 +275,8 @@ def main():
                       flush=True)
             except Exception as e:
                 print(json.dumps({"kernel": name, "warps": nw, "error": str(e)[:2000]}), flush=True)
+    us = m._graph_us(lambda i: (permute_x(x[0]), x[0].float().view(H // G, G).sum(1)), calls)
+    print(json.dumps({"kernel": "x's permuted words and group sums by torch (the outside prep)", "us": round(us, 2)}), flush=True)
     (bi, bh, bo, bi2), warps = m.BLOCKS["int4"]
     us = m._graph_us(lambda i: m.moe_experts(x, wgu, wd, sets[i].view(1, K).long(), rw.view(1, K), reduce=False), calls)
     print(json.dumps({"kernel": "tree (both GEMVs)", "warps": warps, "us": round(us, 2),
