@@ -8,8 +8,8 @@ tree's GEMVs, bench_quant's method (16 calls in one CUDA graph over 256 slots, 8
 x's permuted words made outside the timed kernels (as mma4.py does) or paired from x's own words by two PRMTs a
 tile in the kernel; the group sums of x made outside or by a second MMA a tile (A all ones); beside them, the
 outside prep's own time (torch ops in a graph).
-python3 mma4k.py [NW,...] [H] [I] on a GPU; python3 mma4k.py --emulate checks the index arithmetic lane by lane
-on the CPU against the plain dot products."""
+python3 mma4k.py [NW,...] [H] [I] on a GPU; python3 mma4k.py --emulate interprets the generated PTX for a warp on
+the CPU, on the operands the kernels' index arithmetic loads, against the plain dot products."""
 import json
 import os
 import sys
@@ -57,62 +57,84 @@ def permute_x(x):
     return x.unflatten(-1, (-1, 2, 4)).transpose(-1, -2).contiguous().view(torch.int32).flatten(-3)
 
 
-def lane_regs(qrow_g, qrow_u, grp, t):
-    """The A registers (int32, 4 a tile) of lane t for tiles 0-7 of group grp, from rows' int32 words (the kernel's
-    index arithmetic: words grp * 16 + 4t + (0..3))."""
-    wg = [int(qrow_g[grp * 16 + 4 * t + i]) & 0xFFFFFFFF for i in range(4)]
-    wu = [int(qrow_u[grp * 16 + 4 * t + i]) & 0xFFFFFFFF for i in range(4)]
-    return [[((w >> (4 * sh)) & 0x000F000F) | 0x43004300 for w, sh in
-             [(wg[mw], s0), (wu[mw], s0), (wg[mw], s0 + 1), (wu[mw], s0 + 1)]] for mw, s0 in SHIFTS]
-
-
 def prmt(a, b, sel):
     """PTX prmt.b32 (default mode): result byte i = byte (sel >> 4i) & 7 of b:a."""
     src = (b << 32) | a
     return sum(((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
 
 
+def bf16(v):
+    return torch.tensor([v & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
+
+
+def run_asm(asm, ops):
+    """Interpret tile_asm_k's PTX for a warp: ops [32] lists of the input operands' 32-bit values ($3 on) -> [32]
+    lists of the outputs ($0-$2). mma.sync m16n8k16 (row.col, bf16 -> f32) as PTX defines its fragments: A reg 0
+    row g, k 2t, 2t + 1; reg 1 row g + 8; regs 2, 3 the same at k + 8; B b0 k 2t, 2t + 1, b1 k 2t + 8, 2t + 9,
+    column g; D d0, d1 row g, columns 2t, 2t + 1; d2, d3 row g + 8."""
+    regs = [{f"${3 + i}": v & 0xFFFFFFFF for i, v in enumerate(o)} for o in ops]
+    val = lambda r, x: r[x] if x in r else int(x, 16) if x.startswith("0x") else int(x)
+    for line in asm.split("\n"):
+        ins, _, rest = line.strip().rstrip(";").partition(" ")
+        if ins == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
+            d, a, b, c = [g.strip(" {}").split(", ") for g in rest.split("}, {")]
+            A, B, C = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+            for lane, r in enumerate(regs):
+                g, t = lane // 4, lane % 4
+                for k, (dr, dc) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
+                    A[g + dr, 2 * t + dc], A[g + dr, 2 * t + dc + 1] = bf16(val(r, a[k])), bf16(val(r, a[k]) >> 16)
+                for k, dk in enumerate((0, 8)):
+                    B[2 * t + dk, g], B[2 * t + dk + 1, g] = bf16(val(r, b[k])), bf16(val(r, b[k]) >> 16)
+                for k, (dr, dc) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):
+                    C[g + dr, 2 * t + dc] = r[c[k]]
+            D = A @ B + C
+            for lane, r in enumerate(regs):
+                g, t = lane // 4, lane % 4
+                for k, (dr, dc) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):
+                    r[d[k]] = float(D[g + dr, 2 * t + dc])
+            continue
+        args = [x.strip() for x in rest.split(",")]
+        for r in regs:
+            if ins == "mov.f32":
+                r[args[0]] = r[args[1]] if args[1] in r else 0.0
+            elif ins == "mov.b32":
+                r[args[0]] = val(r, args[1])
+            elif ins == "shr.u32":
+                r[args[0]] = val(r, args[1]) >> val(r, args[2])
+            elif ins == "lop3.b32":
+                assert args[4] == "0xEA"                 # (a & b) | c
+                r[args[0]] = (val(r, args[1]) & val(r, args[2])) | val(r, args[3])
+            elif ins == "prmt.b32":
+                r[args[0]] = prmt(val(r, args[1]), val(r, args[2]), val(r, args[3]))
+            else:
+                assert ins in ("{", "}", ".reg"), line
+    return [[r["$0"], r["$1"], r["$2"]] for r in regs]
+
+
 def emulate():
-    """mma.sync's fragments as PTX defines them (A: reg 0 row g, k 2t, 2t+1; reg 1 row g + 8; regs 2, 3 the same at
-    k + 8; B: b0 k 2t, 2t+1, b1 k 2t+8, 2t+9, column g), summed over a group's 8 tiles, against the plain dot
-    products (128 + code) . x of the two rows over the group's actual columns; B from x permuted outside and from
-    x's own words through tile_asm_k's PRMTs; the ones-MMA's sums against the group's sum of x."""
-    bf = lambda v: torch.tensor([v & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().item()
+    """tile_asm_k's PTX, interpreted for a warp (run_asm), on the operands the kernels' index arithmetic loads (lane
+    (g, t): words grp * 16 + 4t + i of rows g and g + 8; x's words grp * 64 + 16t + i, permuted outside or x's
+    own), against the plain dot products (128 + code) . x of the two rows over the group and the group's sum of x."""
     torch.manual_seed(0)
     K = 256
     codes = torch.randint(0, 16, (16, K), dtype=torch.uint8)
     q = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous().view(torch.int32)        # the tree's packing
     x = torch.randn(K).bfloat16()
-    xp, xw = permute_x(x), x.view(torch.int32)
-    u32 = lambda v: int(v) & 0xFFFFFFFF
     for xperm in (False, True):
-        for grp in range(K // 128):
-            D, E = torch.zeros(16, 8, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
-            for j, (mw, s0) in enumerate(SHIFTS):
-                A, B = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
-                for lane in range(32):
-                    g, t = lane // 4, lane % 4
-                    regs = lane_regs(q[g], q[g + 8], grp, t)[j]
-                    for reg, (dr, dc) in zip(regs, [(0, 0), (8, 0), (0, 8), (8, 8)]):
-                        A[g + dr, 2 * t + dc], A[g + dr, 2 * t + dc + 1] = bf(reg), bf(reg >> 16)
-                    base = grp * 64 + 16 * t
-                    if xperm:
-                        i = 4 * mw + s0 // 2
-                        w0, w1 = u32(xw[base + i]), u32(xw[base + i + 2])
-                        b0, b1 = prmt(w0, w1, 0x5410), prmt(w0, w1, 0x7632)
-                    else:
-                        b0, b1 = u32(xp[base + 2 * j]), u32(xp[base + 2 * j + 1])
-                    for reg, kk in ((b0, 2 * t), (b1, 2 * t + 8)):
-                        B[kk, g], B[kk + 1, g] = bf(reg), bf(reg >> 16)
-                D += A @ B
-                E += torch.ones(16, 16, dtype=torch.float64) @ B
-            cols = slice(grp * 128, grp * 128 + 128)
-            want = (128.0 + codes[:, cols].double()) @ x[cols].double()
-            for n in range(8):
-                assert torch.allclose(D[:, n], want, rtol=0, atol=1e-9), (xperm, grp, n)
-                assert torch.allclose(E[:, n], x[cols].double().sum().expand(16), rtol=0, atol=1e-9), (xperm, grp, n)
-    print("emulated: the permuted fragments (x permuted outside, or paired by PRMT) give the group dot products "
-          "exactly, and the ones-MMA the group sums")
+        for sums in (False, True):
+            xs = x.view(torch.int32) if xperm else permute_x(x)
+            for grp in range(K // 128):
+                ops = [[int(q[g + dr, grp * 16 + 4 * t + i]) for dr in (0, 8) for i in range(4)] +
+                       [int(xs[grp * 64 + 16 * t + i]) for i in range(16)] for g, t in (divmod(lane, 4) for lane in range(32))]
+                out = run_asm(tile_asm_k(xperm, sums), ops)
+                cols = slice(grp * 128, grp * 128 + 128)
+                want = (128.0 + codes[:, cols].double()) @ x[cols].double()
+                for lane, (d0, d2, e0) in enumerate(out):
+                    g = lane // 4
+                    assert abs(d0 - want[g]) < 1e-9 and abs(d2 - want[g + 8]) < 1e-9, (xperm, sums, grp, lane)
+                    assert abs(e0 - (float(x[cols].double().sum()) if sums else 0.0)) < 1e-9, (xperm, sums, grp, lane)
+    print("emulated: tile_asm_k's PTX, x permuted outside or paired by PRMT, gives the group dot products exactly, "
+          "and the ones-MMA the group sums")
 
 
 def kernels():
