@@ -11,15 +11,14 @@ import triton.language as tl
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
-def counters(device: torch.device, n: int = 1) -> torch.Tensor:
-    """n int32 counters for last_program on device, zero, shared by every fused one-token kernel:
-    each leaves its counters zero, and a device's forward launches its kernels one after another on
+def counter(device: torch.device) -> torch.Tensor:
+    """The int32 counter [1] for last_program on device, zero, shared by every fused one-token
+    kernel: each leaves it zero, and a device's forward launches its kernels one after another on
     one stream. Made at the first call (a forward's warm-up, before any CUDA graph is captured)."""
-    assert n <= 1024
     c = _COUNTERS.get(device)
     if c is None:
-        c = _COUNTERS[device] = torch.zeros(1024, dtype=torch.int32, device=device)
-    return c[:n]
+        c = _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return c
 
 
 @triton.jit

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken_kernels.gemv_triton import counters, last_program, linear_rows
+from freetoken_kernels.gemv_triton import counter, last_program, linear_rows
 
 
 @triton.jit
@@ -104,12 +104,12 @@ def linear_add_rms_norm(x: torch.Tensor, a: torch.Tensor, lin_w: torch.Tensor, l
     token (decode at batch 1): x [1, N], a [1, K], lin_w [N, K]. The linear layer's sums are fp32
     in another order than a GEMM's, so its output (and from it the rest) may differ from the
     unfused path's by a rounding. scratch = (mix [N] in x's dtype, counter [1] int32, zero, kept
-    zero by the kernel), both on x's device; None: a new mix and the device's counters. The default
+    zero by the kernel), both on x's device; None: a new mix and the device's counter. The default
     tiles were the fastest at T 1 for 4096 -> 2048 and 8192 -> 4096 on an H200
     (benchmarks/RESULTS.md); at more tokens the GEMM and add_rms_norm are faster."""
     (T, N), K = x.shape, a.shape[1]
     assert T == a.shape[0] == 1 and lin_w.shape == (N, K) and lin_w.is_contiguous() and a.stride(1) == x.stride(1) == 1
-    mix, cnt = scratch or (torch.empty(N, dtype=x.dtype, device=x.device), counters(x.device))
+    mix, cnt = scratch or (torch.empty(N, dtype=x.dtype, device=x.device), counter(x.device))
     out = x.dtype if centered else torch.promote_types(weight.dtype, x.dtype)
     h, y = torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=out, device=x.device)
     _linear_norm_kernel[(triton.cdiv(N, block_n),)](

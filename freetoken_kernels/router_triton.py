@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken_kernels.gemv_triton import counters, last_program, linear_rows
+from freetoken_kernels.gemv_triton import counter, last_program, linear_rows
 
 
 @triton.jit
@@ -126,13 +126,13 @@ def route_linear(x: torch.Tensor, weight: torch.Tensor, gate_bias: torch.Tensor 
     layer's output is; the order of the sums differs from a GEMM's, so a logit may differ from it
     by one rounding), and the last program to finish routes the token. scratch = (logits [E] in x's
     dtype, counter [1] int32, zero, kept zero by the kernel), both on x's device; None: new logits
-    and the device's counters. block_e experts a program, num_warps warps: one expert and one warp a
+    and the device's counter. block_e experts a program, num_warps warps: one expert and one warp a
     program was the fastest on an H200 (benchmarks/RESULTS.md); at more tokens a GEMM and route()
     are faster."""
     T, H = x.shape
     E = weight.shape[0]
     assert T == 1 and weight.shape[1] == H
-    logits, cnt = scratch or (torch.empty(E, dtype=x.dtype, device=x.device), counters(x.device))
+    logits, cnt = scratch or (torch.empty(E, dtype=x.dtype, device=x.device), counter(x.device))
     w = torch.empty(1, top_k, dtype=x.dtype, device=x.device)
     ids = torch.empty(1, top_k, dtype=torch.int64, device=x.device)
     args, const = _route_args(E, top_k, scoring, norm, scaling, bias, n_group, topk_group, group_score)

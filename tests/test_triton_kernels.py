@@ -787,7 +787,7 @@ def test_linear_add_rms_norm_matches_linear_then_add_norm(dtype, bias, centered)
     unfused add's of that output, the norm the reference's (bit for bit in the interpreter; on a GPU
     its sum of squares may take another order); x a strided view, N and K not multiples of the
     tiles; called twice on one scratch with other inputs (its counter re-armed by the kernel)."""
-    from freetoken_kernels.gemv_triton import counters
+    from freetoken_kernels.gemv_triton import counter
     from freetoken_kernels.norm_triton import add_rms_norm, linear_add_rms_norm
     _need(dtype)
     N, K = 40, 72
@@ -811,8 +811,8 @@ def test_linear_add_rms_norm_matches_linear_then_add_norm(dtype, bias, centered)
         else:
             assert torch.equal(y.cpu(), want_y.cpu())
         assert int(scratch[1]) == 0
-    got = linear_add_rms_norm(x, a, lw, lb, w, 1e-6, centered, block_n=16, block_k=32)  # the device's counters
-    assert all(torch.equal(g.cpu(), e.cpu()) for g, e in zip(got, (h, y))) and not counters(DEV).any()
+    got = linear_add_rms_norm(x, a, lw, lb, w, 1e-6, centered, block_n=16, block_k=32)  # the device's counter
+    assert all(torch.equal(g.cpu(), e.cpu()) for g, e in zip(got, (h, y))) and not counter(DEV).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -883,7 +883,7 @@ def test_merge_matches_torch(dtype):
 def test_fused_router_matches_linear_then_route(dtype, H, E, K, scoring, norm, scaling, bias, gate_bias, groups):
     """route_linear = route(F.linear(x, W, b)) for one token in one launch, the last program routing;
     called twice on one scratch (its counter re-armed by the kernel)."""
-    from freetoken_kernels.gemv_triton import counters
+    from freetoken_kernels.gemv_triton import counter
     from freetoken_kernels.router_triton import route_linear
     _need(dtype)
     gen = torch.Generator().manual_seed(E + H)
@@ -903,5 +903,5 @@ def test_fused_router_matches_linear_then_route(dtype, H, E, K, scoring, norm, s
         _close(w, w_ref.float(), dtype)
         _close(scratch[0][None], logits.float(), dtype)
         assert int(scratch[1]) == 0
-    got = route_linear(x, wt, gb, *args)  # the device's counters
-    assert all(torch.equal(g.cpu(), e.cpu()) for g, e in zip(got, (w, ids))) and not counters(DEV).any()
+    got = route_linear(x, wt, gb, *args)  # the device's counter
+    assert all(torch.equal(g.cpu(), e.cpu()) for g, e in zip(got, (w, ids))) and not counter(DEV).any()

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from engine.kv.batch import ForwardBatch
+from engine.layers.fuse import one_token
 from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rope import apply_rope
 from engine.models.base import ModelConfig
@@ -30,7 +31,7 @@ class RMSNorm(nn.Module):
     def add_linear(self, h: torch.Tensor, a: torch.Tensor, lin: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
         """self.add(h, lin(a)); one token on CUDA in one launch with the linear layer
         (freetoken_kernels.norm_triton.linear_add_rms_norm)."""
-        if h.is_cuda and h.shape[0] == 1 and type(lin) is nn.Linear and lin.weight.dtype == h.dtype == a.dtype:
+        if one_token(a, lin) and h.dtype == a.dtype:
             from freetoken_kernels.norm_triton import linear_add_rms_norm
             return linear_add_rms_norm(h, a, lin.weight, lin.bias, self.weight, self.eps, self.centered)
         return self.add(h, lin(a))

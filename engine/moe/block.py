@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers.fuse import one_token
 from engine.layers.mlp import DenseMLP
 from engine.models.base import ModelConfig
 from engine.moe.router import route
@@ -27,7 +28,7 @@ class MoEBlock(nn.Module):
         """x [T, H] -> (weights [T, K], expert ids [T, K]); one token on CUDA in one launch with the
         router's linear layer (freetoken_kernels.router_triton.route_linear)."""
         bias = getattr(self.gate, "e_score_correction_bias", None)
-        if x.is_cuda and x.shape[0] == 1:
+        if one_token(x, self.gate):
             from freetoken_kernels.router_triton import route_linear
             s = self.spec
             return route_linear(x, self.gate.weight, self.gate.bias, s.top_k, s.scoring, s.norm_topk_prob,
