@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken_kernels import ref
+from freetoken_kernels import moe_mma, ref
 from freetoken_kernels.moe_gemm_triton import act_args, bias_args, e2m1, gated, moe_experts_gemm
 from freetoken_kernels.quant import FORMATS, QWeight, quantize
 from freetoken_kernels.ref import SILU, ExpertAct, ExpertBias
@@ -264,10 +264,13 @@ def moe_experts_auto(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight,
                      w_down: torch.Tensor | QWeight, slots: torch.Tensor, weights: torch.Tensor,
                      act: ExpertAct = SILU, bias: ExpertBias | None = None, reduce: bool = True,
                      experts: int | None = None, routes: torch.Tensor | None = None) -> torch.Tensor:
-    """On CUDA the GEMV kernels for decode-sized batches (T*K <= 64, no `routes`), the grouped
-    GEMMs for more routes (experts: at most that many distinct slots among them,
-    moe_experts_gemm); the reference elsewhere. reduce and routes as ref.moe_experts takes them."""
+    """On CUDA the GEMV kernels for decode-sized batches (T*K <= 64, no `routes`; int4 experts that
+    freetoken_kernels.moe_mma takes on the tensor cores), the grouped GEMMs for more routes (experts: at
+    most that many distinct slots among them, moe_experts_gemm); the reference elsewhere. reduce and
+    routes as ref.moe_experts takes them."""
     if x.is_cuda and slots.numel() <= 64 and routes is None:
+        if moe_mma.usable(x, w_gate_up, w_down, act, bias):
+            return moe_mma.moe_experts(x, w_gate_up, w_down, slots, weights, reduce)
         return moe_experts(x, w_gate_up, w_down, slots, weights, act, bias, reduce=reduce)
     if x.is_cuda:
         return moe_experts_gemm(x, w_gate_up, w_down, slots, weights, act, bias, experts=experts, reduce=reduce,
@@ -341,7 +344,7 @@ def bench_quant(fmts: tuple[str, ...] = ("bf16",) + FORMATS, batches: tuple[int,
     runs them) per weight format and batch T: `calls` calls replayed in one CUDA graph, each on
     T*K distinct random slots, so L2 holds next to none of a call's weights. Per (fmt, T): us,
     GB/s of the weight bytes read (quantized: codes, scales, zero points) and the share of HBM
-    bandwidth, for the fastest of CANDIDATES (every candidate's us beside)."""
+    bandwidth, for the fastest of CANDIDATES and, for int4, the tensor-core path (every candidate's us beside)."""
     res = {}
     for fmt in fmts:
         (wgu, wd), per_slot = _bench_weights(fmt, S, H, I, group)
@@ -353,6 +356,9 @@ def bench_quant(fmts: tuple[str, ...] = ("bf16",) + FORMATS, batches: tuple[int,
             tried = {f"{b} w{nw}": _graph_us(lambda i: moe_experts(
                 x, wgu, wd, sets[i], w, blocks=b, reduce=False, num_warps=nw), calls)
                 for b, nw in CANDIDATES}
+            if moe_mma.usable(x, wgu, wd, SILU, None):
+                tried["tensor cores"] = _graph_us(lambda i: moe_mma.moe_experts(x, wgu, wd, sets[i], w, reduce=False),
+                                                  calls)
             best = min(tried, key=tried.get)
             gbs = T * K * per_slot / tried[best] / 1e3
             res[fmt][f"T={T}"] = {"us": round(tried[best], 2), "GB/s": round(gbs, 1),

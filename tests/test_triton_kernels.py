@@ -15,7 +15,7 @@ if not CUDA:
 pytest.importorskip("triton")
 
 from engine.moe.layout import SlotLayout  # noqa: E402
-from freetoken_kernels import ref  # noqa: E402
+from freetoken_kernels import moe_mma, ref  # noqa: E402
 from freetoken_kernels.attention_triton import paged_decode_attention  # noqa: E402
 from freetoken_kernels.mla_triton import TILES, mla_decode_attention  # noqa: E402
 from freetoken_kernels.moe_gemm_triton import moe_experts_gemm  # noqa: E402
@@ -179,6 +179,35 @@ def test_moe_experts_quantized_dead_routes_and_auto():
     got = moe_experts_auto(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
     _close(got, ref.moe_experts(x, dgu, dd, slots, w), torch.float32)
     assert got[0].abs().max() == 0 and got[1].abs().max() > 0
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA (Gluon and inline PTX: no interpreter)")
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("T,H,I", [(1, 512, 256), (3, 2048, 768), (2, 1792, 384)])
+def test_moe_mma_int4_matches_fp32_with_h_in_bf16(symmetric, T, H, I):
+    """The tensor-core int4 path (taken by moe_experts_auto) against fp32 products on the dequantized weights with
+    h rounded to bf16, as the path rounds it: pooled slots, dead and shared routes, groups split over 4 warps and
+    (H 1792) over 2."""
+    gen = torch.Generator().manual_seed(7)
+    K, S = 8, 10
+    (wgu, wd), (dgu, dd) = _qexperts("int4", S, H, I, 128, symmetric, torch.float16, True, gen)
+    x = torch.randn(T, H, generator=gen).bfloat16()
+    slots = torch.stack([torch.randperm(S, generator=gen)[:K] for _ in range(T)])
+    slots[0, 0] = -1
+    if T > 1:
+        slots[1, 1] = slots[0, 1]
+    w = torch.rand(T, K, generator=gen)
+    assert moe_mma.usable(x.to(DEV), wgu, wd, ref.SILU, None)
+    got = moe_experts_auto(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV))
+    want = torch.zeros(T, H)
+    for t, k in ((t, k) for t in range(T) for k in range(K) if slots[t, k] >= 0):
+        gu = dgu[slots[t, k]] @ x[t].float()
+        h = (torch.nn.functional.silu(gu[:I]) * gu[I:]).bfloat16().float()
+        want[t] += w[t, k] * (dd[slots[t, k]] @ h)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=2e-3 * want.abs().max().item())
+    routes = moe_mma.moe_experts(x.to(DEV), wgu, wd, slots.to(DEV), w.to(DEV), reduce=False)
+    assert routes.shape == (T, K, H) and routes[0, 0].abs().max() == 0
+    torch.testing.assert_close(routes.sum(1), got)
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int8"])
