@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # g40 (prepared in the forty-second run, not run; issue 20): the tensor-core int4 decode path, built
-# (next/mma.patch: freetoken_kernels/moe_mma.py, taken by moe_experts_auto for int4 experts in groups of 128 with
+# (g40/mma.patch: freetoken_kernels/moe_mma.py, taken by moe_experts_auto for int4 experts in groups of 128 with
 # bf16 x and SiLU; x's words paired by PRMT and the group sums by a ones-MMA inside the kernels, h rounded to
 # bf16 for the down projection). CPU: tests/test_moe_mma.py interprets the kernels' PTX for a warp (five mutations
 # caught); the kernels compile for sm_90. Here: the patched tree's GPU tests, g36's shapes.py in it (int4 and bf16
@@ -8,7 +8,7 @@
 # int4 with every expert resident (16GiB, fetch: the GPU's compute alone) and int4 adaptive at 1152 MiB, uniform
 # routing, three alternating rounds. Run g39 first: if the in-kernel pairing and sums lose to g39's outside
 # variants, change the patch before running this.
-# run(command="bash benchmarks/results/2026-12-03-h200-vi/next/g40.sh $OUT") with the patch not applied; outputs in g40.tgz
+# run(command="bash benchmarks/results/2026-12-03-h200-vi/g40/g40.sh $OUT") with the patch not applied; outputs in g40.tgz
 set -u
 out=$1; n=mma; w=/tmp/g40; mkdir -p $w; d=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1

@@ -2,11 +2,11 @@
 # g38 (prepared in the forty-second run, not run; issue 20): g29 and g37 found a decode job's workers joining 10-20 us
 # after the submit, almost none within 5 us, later with more workers. The workers spin for new work, then all take
 # the pool's mutex at once while the submitter still holds it: each blocks in the kernel and is woken by the one
-# before it (a chain of futex wake-ups). next/lock_spin.patch: a worker that saw new work while spinning takes the
+# before it (a chain of futex wake-ups). g38/lock_spin.patch: a worker that saw new work while spinning takes the
 # lock with try_lock and pause (at most 4096 tries, then blocking as before). int4 and bf16 adaptive decode of the
 # 8-layer model at 1152 MiB, uniform routing, three rounds alternating main and the patch; then both trees with
 # g29/trace2.patch (FT_TRACE=1: the joins' histogram), int4.
-# run(command="bash benchmarks/results/2026-12-03-h200-vi/next/g38.sh $OUT") with the patch not applied; outputs in g38.tgz
+# run(command="bash benchmarks/results/2026-12-03-h200-vi/g38/g38.sh $OUT") with the patch not applied; outputs in g38.tgz
 set -u
 out=$1; w=/tmp/g38; mkdir -p $w; d=$PWD/benchmarks/results/2026-12-03-h200-vi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
@@ -14,7 +14,7 @@ pack() { tar czf $out/g38.tgz -C $w . ; }
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $w/log.txt; }; left() { echo $(( 540 - ($(date +%s) - t0) )); }
 for t in main ls tmain tls; do
   mkdir -p /tmp/$t; cp -r freetoken_kernels engine ftw freetoken_cli pyproject.toml /tmp/$t/
-  case $t in *ls) (cd /tmp/$t && patch -s -p1 < $d/next/lock_spin.patch) ;; esac
+  case $t in *ls) (cd /tmp/$t && patch -s -p1 < $d/g38/lock_spin.patch) ;; esac
   case $t in t*) (cd /tmp/$t && patch -s -p1 < $d/g29/trace2.patch) ;; esac
   echo "$t: $(grep -c try_lock /tmp/$t/freetoken_kernels/csrc/cpu_moe.cpp) try_lock, $(grep -c FT_TRACE /tmp/$t/freetoken_kernels/csrc/cpu_moe.cpp) FT_TRACE" >> $w/variants.txt
 done
