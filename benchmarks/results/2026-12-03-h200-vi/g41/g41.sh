@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # g41 (forty-third run; issue 20): g38 measured g38/lock_spin.patch (workers that saw new work while spinning take the
-# pool's mutex by try_lock + pause) at +8% int4 and -1.4% bf16 (medians of three rounds; joins 25.1 -> 19.2 us). Landed
-# with the tensor-core int4 path (g40); here the landed tree against it with the lock spin taken out again, int4 and
+# pool's mutex by try_lock + pause) at +8% int4 and -1.4% bf16 (medians of three rounds; joins 25.1 -> 19.2 us). Applied
+# with the tensor-core int4 path (g40); here that tree against it with the lock spin taken out again, int4 and
 # bf16 adaptive decode of the 8-layer model at 1152 MiB, uniform routing, rounds alternating until the time is spent.
 # Ran with g38/lock_spin.patch applied to the tree (dropped after this run: apply it before running this again).
 # run(command="bash benchmarks/results/2026-12-03-h200-vi/g41/g41.sh $OUT"); outputs in g41.tgz
