@@ -2,7 +2,7 @@
 (1 GiB), int4 and bf16, jobs of 8 experts at batch 1: compute-bound or memory-bound, per thread.
 python3 rates.py THREADS,... SECONDS [FORMATS] [BANKS]"""
 import json, sys
-from kernels.cpu_executor import expert_bytes, expert_gbps
+from freetoken_kernels.cpu_executor import expert_bytes, expert_gbps
 counts, secs = [int(t) for t in sys.argv[1].split(",")], float(sys.argv[2])
 fmts = sys.argv[3].split(",") if len(sys.argv) > 3 else ["int4", "bf16"]
 banks = sys.argv[4].split(",") if len(sys.argv) > 4 else ["cache", "dram"]

@@ -3,8 +3,9 @@
 // chains, no memory): a core's clock under AVX-512 load; (b) `add`: a scalar add chain (1 cycle an add): its clock
 // without; (c) `l2`: the tree's int4 row kernel (g19/mb.cpp's v0, bf16 x, groups of 128) over a private 512 KiB
 // region (L2-resident): compute without memory; (d) `dram`: the same over a private 256 MiB region. Prints per
-// thread rate (median and min over threads) for T = each of the list.
-// g++ -O2 -pthread -o /tmp/freq freq.cpp && /tmp/freq 1,2,4,8,14,16 0.5
+// thread rate (median and min over threads) for T = each of the list. Threads on vCPUs FIRST .. FIRST + T - 1
+// (FIRST 0 unless given); since g42 ran, a second line lists each vCPU's rate.
+// g++ -O2 -pthread -o /tmp/freq freq.cpp && /tmp/freq 1,2,4,8,14,16 0.5 [FIRST]
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   for (int c = 0; c < 16; ++c) tab8[c] = f2bf(float(c - 8));
   std::vector<int> ts; for (char* p = strtok(argv[1], ","); p; p = strtok(nullptr, ",")) ts.push_back(atoi(p));
   double sec = argc > 2 ? atof(argv[2]) : 0.5;
+  int first = argc > 3 ? atoi(argv[3]) : 0;
   const char* modes[] = {"add", "regs", "l2", "dram"};
   for (const char* mode : modes)
     for (int T : ts) {
@@ -78,7 +80,7 @@ int main(int argc, char** argv) {
       std::vector<std::thread> th;
       for (int i = 0; i < T; ++i)
         th.emplace_back([&, i] {
-          cpu_set_t cs; CPU_ZERO(&cs); CPU_SET(i, &cs); pthread_setaffinity_np(pthread_self(), sizeof cs, &cs);
+          cpu_set_t cs; CPU_ZERO(&cs); CPU_SET(first + i, &cs); pthread_setaffinity_np(pthread_self(), sizeof cs, &cs);
           std::string m = mode;
           Region reg(m == "l2" ? 512 << 10 : m == "dram" ? size_t(256) << 20 : 1 << 12);
           reg.stream(0.0);  // faults the pages in, warms the code path
@@ -88,10 +90,12 @@ int main(int argc, char** argv) {
       while (ready.load() < T) std::this_thread::yield();
       go = 1;
       for (auto& t : th) t.join();
+      std::string each; for (int i = 0; i < T; ++i) each += " " + std::to_string(first + i) + ":" + std::to_string(r[i]).substr(0, 5);
       std::sort(r.begin(), r.end());
       double sum = 0; for (double v : r) sum += v;
       printf("%-5s T=%2d  per thread median %.3f min %.3f max %.3f  sum %.2f  (%s)\n", mode, T, r[T / 2], r[0], r[T - 1], sum,
              std::string(mode) == "add" ? "G adds/s ~ GHz" : std::string(mode) == "regs" ? "G VDPBF16PS/s" : "GB/s of int4 codes");
+      printf("      vCPU:rate%s\n", each.c_str());
       fflush(stdout);
     }
 }
