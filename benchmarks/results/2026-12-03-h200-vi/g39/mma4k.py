@@ -9,15 +9,18 @@ x's permuted words made outside the timed kernels (as mma4.py does) or paired fr
 tile in the kernel; the group sums of x made outside or by a second MMA a tile (A all ones); beside them, the
 outside prep's own time (torch ops in a graph).
 python3 mma4k.py [NW,...] [H] [I] on a GPU; python3 mma4k.py --emulate interprets the generated PTX for a warp on
-the CPU, on the operands the kernels' index arithmetic loads, against the plain dot products."""
+the CPU (tests/test_moe_mma.py's interpreter since the path landed), on the operands the kernels' index arithmetic
+loads, against the plain dot products."""
 import json
 import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "g16"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "g16"), os.path.join(HERE, "..", "..", "..", "..", "tests")]
 from freetoken_kernels import moe_triton as m  # noqa: E402
+from test_moe_mma import run_asm  # noqa: E402  (the PTX interpreter of the tensor-core path's tests)
 
 SHIFTS = [(m_, s0) for m_ in range(4) for s0 in (0, 2)]   # tile j = 2m + s0 / 2: word m, codes s0, s0 + 1 (+ 4)
 
@@ -55,60 +58,6 @@ CONS = "=r,=r,=r," + ",".join(["r"] * 24)
 def permute_x(x):
     """x [..., K] bf16 -> int32 [..., K / 2]: within each 8 columns the words (x0, x4), (x1, x5), (x2, x6), (x3, x7)."""
     return x.unflatten(-1, (-1, 2, 4)).transpose(-1, -2).contiguous().view(torch.int32).flatten(-3)
-
-
-def prmt(a, b, sel):
-    """PTX prmt.b32 (default mode): result byte i = byte (sel >> 4i) & 7 of b:a."""
-    src = (b << 32) | a
-    return sum(((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
-
-
-def bf16(v):
-    return torch.tensor([v & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
-
-
-def run_asm(asm, ops):
-    """Interpret tile_asm_k's PTX for a warp: ops [32] lists of the input operands' 32-bit values ($3 on) -> [32]
-    lists of the outputs ($0-$2). mma.sync m16n8k16 (row.col, bf16 -> f32) as PTX defines its fragments: A reg 0
-    row g, k 2t, 2t + 1; reg 1 row g + 8; regs 2, 3 the same at k + 8; B b0 k 2t, 2t + 1, b1 k 2t + 8, 2t + 9,
-    column g; D d0, d1 row g, columns 2t, 2t + 1; d2, d3 row g + 8."""
-    regs = [{f"${3 + i}": v & 0xFFFFFFFF for i, v in enumerate(o)} for o in ops]
-    val = lambda r, x: r[x] if x in r else int(x, 16) if x.startswith("0x") else int(x)
-    for line in asm.split("\n"):
-        ins, _, rest = line.strip().rstrip(";").partition(" ")
-        if ins == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
-            d, a, b, c = [g.strip(" {}").split(", ") for g in rest.split("}, {")]
-            A, B, C = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
-            for lane, r in enumerate(regs):
-                g, t = lane // 4, lane % 4
-                for k, (dr, dc) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
-                    A[g + dr, 2 * t + dc], A[g + dr, 2 * t + dc + 1] = bf16(val(r, a[k])), bf16(val(r, a[k]) >> 16)
-                for k, dk in enumerate((0, 8)):
-                    B[2 * t + dk, g], B[2 * t + dk + 1, g] = bf16(val(r, b[k])), bf16(val(r, b[k]) >> 16)
-                for k, (dr, dc) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):
-                    C[g + dr, 2 * t + dc] = r[c[k]]
-            D = A @ B + C
-            for lane, r in enumerate(regs):
-                g, t = lane // 4, lane % 4
-                for k, (dr, dc) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):
-                    r[d[k]] = float(D[g + dr, 2 * t + dc])
-            continue
-        args = [x.strip() for x in rest.split(",")]
-        for r in regs:
-            if ins == "mov.f32":
-                r[args[0]] = r[args[1]] if args[1] in r else 0.0
-            elif ins == "mov.b32":
-                r[args[0]] = val(r, args[1])
-            elif ins == "shr.u32":
-                r[args[0]] = val(r, args[1]) >> val(r, args[2])
-            elif ins == "lop3.b32":
-                assert args[4] == "0xEA"                 # (a & b) | c
-                r[args[0]] = (val(r, args[1]) & val(r, args[2])) | val(r, args[3])
-            elif ins == "prmt.b32":
-                r[args[0]] = prmt(val(r, args[1]), val(r, args[2]), val(r, args[3]))
-            else:
-                assert ins in ("{", "}", ".reg"), line
-    return [[r["$0"], r["$1"], r["$2"]] for r in regs]
 
 
 def emulate():
