@@ -76,6 +76,14 @@ def _group(q0, q8, xp, NW: gl.constexpr, S4: gl.constexpr, asm: gl.constexpr, co
     return gl.inline_asm_elementwise(asm, cons, ops, dtype=(gl.float32, gl.float32, gl.float32), is_pure=True, pack=1)
 
 
+@gluon.jit
+def _dequant(d, sx, s_ptr, z_ptr):
+    """A group's raw sums d = sum (128 + c) x and its sum of x -> the dot with the weights: s (d - (128 + z) sum x),
+    s and z at the row's and group's s_ptr and z_ptr."""
+    z = gl.load(z_ptr).to(gl.float32)
+    return gl.load(s_ptr).to(gl.float32) * (d - (128.0 + z) * sx)
+
+
 @gluon.constexpr_function
 def _blocked(nw, per):  # a lane's `per` values of [nw, 32, per] in its registers, a warp a row
     return gl.BlockedLayout([1, 1, per], [1, 32, 1], [nw, 1, 1], [2, 1, 0])
@@ -121,12 +129,9 @@ def _gate_up_kernel(q_ptr, sq_s, sq_r, s_ptr, ss_s, ss_r, z_ptr, sz_s, sz_r, slo
         grp = warp * GW + gi                             # [NW, 1]
         dg, du, sx = _group(qg + grp[:, :, None] * 16, qu + grp[:, :, None] * 16,
                             xb + (warp16 * GW + gi) * 64, NW, S4, asm, cons)
-        zg = gl.load(z_ptr + slot * sz_s + row * sz_r + grp).to(gl.float32)
-        zu = gl.load(z_ptr + slot * sz_s + (I + row) * sz_r + grp).to(gl.float32)
-        sg = gl.load(s_ptr + slot * ss_s + row * ss_r + grp).to(gl.float32)
-        su = gl.load(s_ptr + slot * ss_s + (I + row) * ss_r + grp).to(gl.float32)
-        acc_g += sg * (dg - (128.0 + zg) * sx)
-        acc_u += su * (du - (128.0 + zu) * sx)
+        acc_g += _dequant(dg, sx, s_ptr + slot * ss_s + row * ss_r + grp, z_ptr + slot * sz_s + row * sz_r + grp)
+        acc_u += _dequant(du, sx, s_ptr + slot * ss_s + (I + row) * ss_r + grp,
+                          z_ptr + slot * sz_s + (I + row) * sz_r + grp)
     g = gl.sum(acc_g, axis=0)                            # [32]: lanes 4i .. 4i + 3 hold row i's sums
     u = gl.sum(acc_u, axis=0)
     hv = gl.where(live, g / (1.0 + gl.exp(-g)) * u, 0.0)
@@ -154,12 +159,9 @@ def _down_kernel(q_ptr, sq_s, sq_r, s_ptr, ss_s, ss_r, z_ptr, sz_s, sz_r, slot_p
     acc8 = gl.zeros([NW, 32], gl.float32, S4)
     for gi in gl.static_range(NG):
         d0, d8, sh = _group(q0 + gi * 16, q0 + 8 * sq_r + gi * 16, hb + gi * 64, NW, S4, asm, cons)
-        z0 = gl.load(z_ptr + slot * sz_s + row * sz_r + gi).to(gl.float32)
-        z8 = gl.load(z_ptr + slot * sz_s + (row + 8) * sz_r + gi).to(gl.float32)
-        s0 = gl.load(s_ptr + slot * ss_s + row * ss_r + gi).to(gl.float32)
-        s8 = gl.load(s_ptr + slot * ss_s + (row + 8) * ss_r + gi).to(gl.float32)
-        acc0 += s0 * (d0 - (128.0 + z0) * sh)
-        acc8 += s8 * (d8 - (128.0 + z8) * sh)
+        acc0 += _dequant(d0, sh, s_ptr + slot * ss_s + row * ss_r + gi, z_ptr + slot * sz_s + row * sz_r + gi)
+        acc8 += _dequant(d8, sh, s_ptr + slot * ss_s + (row + 8) * ss_r + gi,
+                         z_ptr + slot * sz_s + (row + 8) * sz_r + gi)
     first = lane % 4 == 0
     gl.store(y_ptr + r * H + row, wt * acc0, mask=first)
     gl.store(y_ptr + r * H + row + 8, wt * acc8, mask=first)
