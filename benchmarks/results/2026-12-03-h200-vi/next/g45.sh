@@ -2,7 +2,8 @@
 # g45 (prepared in the forty-third run, not run; issue 20): issue 20's int4-against-bf16 rows on main since the
 # tensor-core int4 path landed (and whatever g43 / g44 landed): all 48 layers of --synthetic qwen3-30b-a3b at 8 GiB
 # (thirty-eighth run: bf16 40.3, int4 110.3 tok/s, 2.74x) and the 8-layer model at 1152 MiB, adaptive, uniform
-# routing, two alternating rounds each.
+# routing, two alternating rounds each; then the int4 step profile at 1152 MiB (as g12's), where the serial GPU work
+# of a layer step now goes.
 # run(command="bash benchmarks/results/2026-12-03-h200-vi/next/g45.sh $OUT"); outputs in g45.tgz
 set -u
 out=$1; w=/tmp/g45; mkdir -p $w
@@ -22,4 +23,5 @@ for r in d['rows']: print('$1 layers $2 $3 $4', r['policy'], round(r['tok_s'], 1
 }
 for i in 1 2; do dec 48 8GiB int4 $i 60 32; dec 48 8GiB bf16 $i 90 32; done
 for i in 1 2; do dec 8 1152MiB int4 $i 30 64; dec 8 1152MiB bf16 $i 30 64; done
+if [ $(left) -gt 60 ]; then el step_profile; (PYTHONPATH=$PWD timeout -s ABRT $(( $(left) - 5 )) python3 -m engine.bench.step_profile uniform 8 1152MiB /tmp/sp45 qwen3-30b-a3b cuda int4 1024) > $w/step_profile8_int4.txt 2>&1; tail -n 60 $w/step_profile8_int4.txt | cut -c1-160; fi
 el done; pack
