@@ -474,9 +474,13 @@ def test_second_turn_hits_prefix_cache(live, oai):
                 return ttft, c.usage.prompt_tokens_details.cached_tokens, c.usage.prompt_tokens
     first = [{"role": "system", "content": system}, {"role": "user", "content": "Summarise this module."}]
     ttft1, cached1, n1 = turn(first)
-    ttft2, cached2, n2 = turn(first + [{"role": "assistant", "content": "OK."}, {"role": "user", "content": "More."}])
+    second = first + [{"role": "assistant", "content": "OK."}, {"role": "user", "content": "More."}]
+    ttft2, cached2, n2 = turn(second)
+    # a third turn too: the faster of two cached turns, so that one stall of this shared process does not
+    # decide the comparison (in a full suite on a 2-core machine one cached turn once took 0.51 s, 0.04 usually)
+    ttft3, cached3, _ = turn(second + [{"role": "assistant", "content": "OK."}, {"role": "user", "content": "Again."}])
     assert n1 > 1800 and cached1 == 0
-    assert cached2 > 0.9 * n1 and ttft2 * 5 <= ttft1, (ttft1, ttft2, cached2)
+    assert min(cached2, cached3) > 0.9 * n1 and min(ttft2, ttft3) * 5 <= ttft1, (ttft1, ttft2, ttft3, cached2, cached3)
 
 
 # ---- CLI and parser choice -------------------------------------------------------------------
