@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken_kernels import moe_mma, ref
+from freetoken_kernels import ref
 from freetoken_kernels.moe_gemm_triton import act_args, bias_args, e2m1, gated, moe_experts_gemm
 from freetoken_kernels.quant import FORMATS, QWeight, quantize
 from freetoken_kernels.ref import SILU, ExpertAct, ExpertBias
@@ -269,8 +269,10 @@ def moe_experts_auto(x: torch.Tensor, w_gate_up: torch.Tensor | QWeight,
     most that many distinct slots among them, moe_experts_gemm); the reference elsewhere. reduce and
     routes as ref.moe_experts takes them."""
     if x.is_cuda and slots.numel() <= 64 and routes is None:
-        if moe_mma.usable(x, w_gate_up, w_down, act, bias):
-            return moe_mma.moe_experts(x, w_gate_up, w_down, slots, weights, reduce)
+        if isinstance(w_gate_up, QWeight) and w_gate_up.fmt == "int4":
+            from freetoken_kernels import moe_mma  # Gluon: imported only by models that may use it
+            if moe_mma.usable(x, w_gate_up, w_down, act, bias):
+                return moe_mma.moe_experts(x, w_gate_up, w_down, slots, weights, reduce)
         return moe_experts(x, w_gate_up, w_down, slots, weights, act, bias, reduce=reduce)
     if x.is_cuda:
         return moe_experts_gemm(x, w_gate_up, w_down, slots, weights, act, bias, experts=experts, reduce=reduce,
@@ -345,6 +347,7 @@ def bench_quant(fmts: tuple[str, ...] = ("bf16",) + FORMATS, batches: tuple[int,
     T*K distinct random slots, so L2 holds next to none of a call's weights. Per (fmt, T): us,
     GB/s of the weight bytes read (quantized: codes, scales, zero points) and the share of HBM
     bandwidth, for the fastest of CANDIDATES and, for int4, the tensor-core path (every candidate's us beside)."""
+    from freetoken_kernels import moe_mma
     res = {}
     for fmt in fmts:
         (wgu, wd), per_slot = _bench_weights(fmt, S, H, I, group)
