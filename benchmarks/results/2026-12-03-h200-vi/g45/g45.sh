@@ -4,7 +4,7 @@
 # (thirty-eighth run: bf16 40.3, int4 110.3 tok/s, 2.74x) and the 8-layer model at 1152 MiB, adaptive, uniform
 # routing, two alternating rounds each; then the int4 step profile at 1152 MiB (as g12's), where the serial GPU work
 # of a layer step now goes.
-# run(command="bash benchmarks/results/2026-12-03-h200-vi/next/g45.sh $OUT"); outputs in g45.tgz
+# run(command="bash benchmarks/results/2026-12-03-h200-vi/g45/g45.sh $OUT"); outputs in g45.tgz
 set -u
 out=$1; w=/tmp/g45; mkdir -p $w
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1

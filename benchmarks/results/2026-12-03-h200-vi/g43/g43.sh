@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # g43 (prepared in the forty-third run, not run; issue 20): (1) g42 found the int4 row kernel alone summing 87 GB/s at
 # 14 threads, per-thread rates up to 1.8x apart across vCPUs and T: g42/freq.cpp on each vCPU alone, then 14 and 16
-# at once, twice (which vCPUs are slow, and whether they stay so). (2) next/unit2_rows.patch: phase-2 units grow
+# at once, twice (which vCPUs are slow, and whether they stay so). (2) g43/unit2_rows.patch: phase-2 units grow
 # like phase 1's (R2 = 16 down rows doubled while a unit stays within 128 KiB and the job keeps four units a
 # thread): adaptive decode's jobs of ~2 experts get 32-row units (12 -> 24 KiB of int4 a unit; 64 units, not 128).
 # The twenty-ninth run measured a phase-2 unit at ~2.9 us besides its rows; g29's trace of decode: phase 2 849 of
 # 1839 thread-us a job for 1/3 of the bytes. u2b: the same patch keeping two phase-2 units a thread (64 rows, 32 units). CPU: tests/test_cpu_executor.py passes
 # with it (301); a mutation dropping a row of every longer unit fails 30. Int4 and bf16 adaptive decode of the
 # 8-layer model at 1152 MiB against main, three alternating rounds; the executor's jobs of 8 experts (g19/rates.py).
-# run(command="bash benchmarks/results/2026-12-03-h200-vi/next/g43.sh $OUT") with the patch not applied; outputs in g43.tgz
+# run(command="bash benchmarks/results/2026-12-03-h200-vi/g43/g43.sh $OUT") with the patch not applied; outputs in g43.tgz
 set -u
 out=$1; w=/tmp/g43; mkdir -p $w; d=$PWD/benchmarks/results/2026-12-03-h200-vi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
@@ -20,7 +20,7 @@ for i in 1 2; do timeout 40 /tmp/freq 14,16 0.5; done > $w/freq_all.txt 2>&1
 grep -A1 "regs\|l2 " $w/freq_each.txt | grep vCPU | tr '\n' ' ' | sed 's/ *vCPU:rate/ /g' > $w/freq_each_summary.txt; cat $w/freq_each_summary.txt; echo
 grep -A1 "T=14\|T=16" $w/freq_all.txt | grep -v "^--"; el probed; pack
 for t in main u2 u2b; do mkdir -p /tmp/$t; cp -r freetoken_kernels engine ftw freetoken_cli pyproject.toml /tmp/$t/; done
-for t in u2 u2b; do (cd /tmp/$t && patch -s -p1 < $d/next/unit2_rows.patch); done
+for t in u2 u2b; do (cd /tmp/$t && patch -s -p1 < $d/g43/unit2_rows.patch); done
 sed -i 's/J->r2 = unit_rows(R2, G \* Rows(\*dn, 0, I).qb, H, 1, threads);/J->r2 = unit_rows(R2, G * Rows(*dn, 0, I).qb, H, 1, (threads + 1) \/ 2);/' /tmp/u2b/freetoken_kernels/csrc/cpu_moe.cpp
 for t in main u2 u2b; do echo "$t: $(grep -c 'J.r2' /tmp/$t/freetoken_kernels/csrc/cpu_moe.cpp) J.r2, $(grep -c '(threads + 1) / 2' /tmp/$t/freetoken_kernels/csrc/cpu_moe.cpp) halved" >> $w/variants.txt; done
 for t in main u2 u2b; do (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout -s ABRT 150 python3 -c "from freetoken_kernels.cpu_executor import CPUExecutor; CPUExecutor(2).close()") >> $w/build.txt 2>&1 & done; wait

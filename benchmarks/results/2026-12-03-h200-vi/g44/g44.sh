@@ -5,7 +5,7 @@
 # unit's prefetches land in rows other threads read, or past the expert. nopf: that prefetch taken out (the
 # hardware prefetchers alone). The executor's jobs of 8 experts (g19/rates.py, int4, DRAM, 14 threads), then int4
 # adaptive decode of the 8-layer model at 1152 MiB against main, four alternating rounds.
-# run(command="bash benchmarks/results/2026-12-03-h200-vi/next/g44.sh $OUT"); outputs in g44.tgz
+# run(command="bash benchmarks/results/2026-12-03-h200-vi/g44/g44.sh $OUT"); outputs in g44.tgz
 set -u
 out=$1; w=/tmp/g44; mkdir -p $w; d=$PWD/benchmarks/results/2026-12-03-h200-vi
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
