@@ -66,7 +66,7 @@ def test_quant_round_trip(float_hf, tmp_path, fmt):
     assert torch.equal(o_proj.cpu(), model.model.layers[0].self_attn.o_proj.weight)
 
 
-def test_bad_quant_options_are_refused_and_write_nothing(float_hf, tmp_path):
+def test_bad_quant_options_are_refused_and_write_nothing(float_hf, int4_ftw, tmp_path):
     _, hf = float_hf
     gptq = tmp_path / "gptq"
     qpack.build("gptq", gptq)
@@ -77,6 +77,7 @@ def test_bad_quant_options_are_refused_and_write_nothing(float_hf, tmp_path):
                         (["--group-size", 16], ["--quant"])]:
         one_line_error(cli("convert", hf, tmp_path / "out", *args), *words)
     one_line_error(cli("convert", gptq, tmp_path / "out", "--quant", "int4"), "already quantized", "gptq")
+    one_line_error(cli("convert", int4_ftw, tmp_path / "out", "--quant", "int8"), "already converted (FTW)")
     assert not list(tmp_path.glob("*out*"))
 
 
