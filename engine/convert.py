@@ -241,10 +241,6 @@ def convert(src_dir: Path, out: Path, dtype: str = "auto", force: bool = False,
     experts stay in a quantized checkpoint's format, or are quantized to `quant` (int4, int8,
     fp8, mxfp4; `group_size` values a scale); everything else is written in `dtype`."""
     from ftw import FTWWriter
-    from ftw.spec import INDEX_NAME
-    if (src_dir / INDEX_NAME).is_file():
-        raise UserError(f"{src_dir} is already converted (FTW); run it as it is, or convert its original "
-                        "checkpoint with the options you want")
     hf = read_hf_config(src_dir)
     scheme = scheme_of(hf)
     cfg = model_config(hf)

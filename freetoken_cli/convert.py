@@ -19,13 +19,17 @@ def convert(src: str = typer.Argument(..., help="HuggingFace model directory or 
     """Convert a HuggingFace MoE checkpoint to the FTW format (no GPU needed)."""
     from engine.convert import convert as run_convert
     from engine.errors import UserError
-    from engine.resolve import hf_source
+    from engine.resolve import hf_source, is_ftw
     if out.exists() and not force:
         raise UserError(f"{out} already exists; pass --force to overwrite it")
+    source = hf_source(src)
+    if is_ftw(source):
+        raise UserError(f"{src} is already converted (FTW); run it as it is, or convert its original checkpoint "
+                        "with the options you want")
     check_writable(out, "OUT", make_parents=True)
     bar = Progress()
     try:
-        run_convert(hf_source(src), out, dtype, force, lambda d, t: bar("convert", d, t), quant, group_size)
+        run_convert(source, out, dtype, force, lambda d, t: bar("convert", d, t), quant, group_size)
     finally:
         bar.close()
     typer.echo(f"wrote {out}", err=True)
