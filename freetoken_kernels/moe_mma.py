@@ -89,11 +89,18 @@ def _blocked(nw, per):  # a lane's `per` values of [nw, 32, per] in its register
     return gl.BlockedLayout([1, 1, per], [1, 32, 1], [nw, 1, 1], [2, 1, 0])
 
 
+@gluon.constexpr_function
+def _sums(nw):  # the layout of a warp's per-lane sums [nw, 32]
+    return gl.SliceLayout(2, _blocked(nw, 4))
+
+
 @gluon.jit
-def _lanes(NW: gl.constexpr, L4: gl.constexpr, L16: gl.constexpr):
-    """A program's index vectors: warp [NW, 1] and lane [1, 32] (in L4's slice), the code words' [1, 32, 4]
+def _lanes(NW: gl.constexpr):
+    """A program's index vectors: warp [NW, 1] and lane [1, 32] (in _sums' layout), the code words' [1, 32, 4]
     offsets of lane (g, t) within a group (4t + i), warp [NW, 1, 1] and x's word offsets [1, 32, 16] (16t + i)."""
-    S4: gl.constexpr = gl.SliceLayout(2, L4)
+    L4: gl.constexpr = _blocked(NW, 4)
+    L16: gl.constexpr = _blocked(NW, 16)
+    S4: gl.constexpr = _sums(NW)
     warp = gl.arange(0, NW, layout=gl.SliceLayout(1, S4))[:, None]
     lane = gl.arange(0, 32, layout=gl.SliceLayout(0, S4))[None, :]
     j4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L4)))[None, None, :]
@@ -110,10 +117,8 @@ def _gate_up_kernel(q_ptr, sq_s, sq_r, s_ptr, ss_s, ss_r, z_ptr, sz_s, sz_r, slo
     warps NG / NW groups each, summed across warps; h = silu(gate) * up, bf16. q, s, z at the slot; x, h as int32
     words (bf16 pairs)."""
     r, rb = gl.program_id(0), gl.program_id(1)
-    L4: gl.constexpr = _blocked(NW, 4)
-    L16: gl.constexpr = _blocked(NW, 16)
-    S4: gl.constexpr = gl.SliceLayout(2, L4)
-    warp, lane, qoff, warp16, xoff = _lanes(NW, L4, L16)
+    S4: gl.constexpr = _sums(NW)
+    warp, lane, qoff, warp16, xoff = _lanes(NW)
     slot = gl.load(slot_ptr + r).to(gl.int64)
     live = slot >= 0                                     # -1: computed elsewhere -> h = 0
     slot = gl.maximum(slot, 0)
@@ -144,10 +149,8 @@ def _down_kernel(q_ptr, sq_s, sq_r, s_ptr, ss_s, ss_r, z_ptr, sz_s, sz_r, slot_p
                  I: gl.constexpr, NW: gl.constexpr, asm: gl.constexpr, cons: gl.constexpr):
     """A program: a route and NW blocks of 16 output rows, a warp a block over every group; y = weight * (W h)."""
     r, ob = gl.program_id(0), gl.program_id(1)
-    L4: gl.constexpr = _blocked(NW, 4)
-    L16: gl.constexpr = _blocked(NW, 16)
-    S4: gl.constexpr = gl.SliceLayout(2, L4)
-    warp, lane, qoff, warp16, xoff = _lanes(NW, L4, L16)
+    S4: gl.constexpr = _sums(NW)
+    warp, lane, qoff, warp16, xoff = _lanes(NW)
     slot = gl.load(slot_ptr + r).to(gl.int64)
     wt = gl.where(slot >= 0, gl.load(rw_ptr + r).to(gl.float32), 0.0)
     slot = gl.maximum(slot, 0)
